@@ -1,0 +1,29 @@
+"""Coil: a pluggable-device compiler for PyTorch.
+
+``torch.compile(model, backend="coil")`` works after ``pip install`` (the backend reaches
+Dynamo through an entry point). Public API: :func:`compile_fx` (the backend),
+:func:`explain`, :func:`register_backend_for_device`, and :mod:`coil.config`."""
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+__all__ = ["compile_fx", "explain", "register_backend_for_device", "config", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # lazy: importing coil.sdk must not pull in torch._dynamo
+    if name == "compile_fx":
+        from .backend import compile_fx
+        return compile_fx
+    if name == "explain":
+        from .explain import explain
+        return explain
+    if name == "register_backend_for_device":
+        from .plugins import register_backend_for_device
+        return register_backend_for_device
+    if name == "config":
+        from . import config
+        return config
+    raise AttributeError(name)

@@ -1,0 +1,56 @@
+"""The Dynamo backend: ``torch.compile(model, backend="coil")`` lands in :func:`compile_fx`,
+which runs AOTAutograd with Coil's decompositions so forward and backward graphs both reach
+Coil's compiler."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any, Sequence
+
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified
+
+from . import config as config_mod
+from .compile import compile_graph
+from .decompositions import table
+
+log = logging.getLogger(__name__)
+
+#: ``torch.compile(mode=...)`` values Coil accepts (CUDA-graph capture arrives with the GPU plugin).
+MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def _partition_fn() -> Any:
+    try:
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+        return min_cut_rematerialization_partition
+    except ImportError:  # pragma: no cover - older torch
+        from torch._functorch.partitioners import default_partition
+        return default_partition
+
+
+def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+               options: dict[str, Any] | None = None, **unused: Any) -> Any:
+    """Dynamo backend entry point."""
+    if mode not in MODES:
+        from .errors import ConfigError
+        raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
+    cfg = dataclasses.replace(config_mod.get())
+    for key, value in config_mod.validated(options).items():
+        setattr(cfg, key, value)
+
+    def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
+        fn = compile_graph(graph, inputs, cfg, kind)
+        fn._boxed_call = True  # the wrapper takes the argument list (AOTAutograd's boxed convention)
+        return fn
+
+    return aot_module_simplified(
+        gm, example_inputs,
+        fw_compiler=functools.partial(compiler, "forward"),
+        bw_compiler=functools.partial(compiler, "backward"),
+        inference_compiler=functools.partial(compiler, "inference"),
+        decompositions=table(),
+        partition_fn=_partition_fn(),
+        keep_inference_input_mutations=True,
+    )

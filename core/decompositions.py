@@ -1,0 +1,42 @@
+"""Coil's decomposition table: PyTorch's core-ATen decompositions, plus decompositions of the
+composite ops Coil wants to fuse (softmax, layer norm, GELU, addmm, batch norm...), minus
+the ops Coil lowers whole (Welford var_mean, for one)."""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions
+
+aten = torch.ops.aten
+
+#: Composite ops that core-ATen keeps whole but Coil decomposes so their parts fuse.
+EXTRA = [
+    aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu, aten.addmm,
+    aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
+    aten._native_batch_norm_legit_no_training, aten.embedding, aten.silu, aten.mish,
+    aten.hardsigmoid, aten.hardswish, aten.hardtanh, aten.leaky_relu, aten.elu, aten.softplus,
+    aten.logsumexp, aten.native_group_norm, aten.rms_norm, aten._fused_rms_norm,
+    aten.index_add, aten.index_copy, aten.index_fill, aten.nan_to_num, aten.addcmul, aten.addcdiv,
+    aten.lerp, aten.xlogy, aten.logaddexp, aten.glu, aten.baddbmm, aten.linspace, aten.logspace,
+    aten.mse_loss, aten.binary_cross_entropy, aten.smooth_l1_loss, aten.huber_loss,
+    aten.native_dropout_backward, aten.threshold_backward, aten.sigmoid_backward, aten.tanh_backward,
+]
+
+#: Ops Coil lowers natively and better than their decomposition.
+KEEP = [aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.mean.dim,
+        aten.mean.default, aten.index_select.default, aten.clamp_min,
+        aten.clamp_max]
+
+
+@functools.lru_cache(maxsize=None)
+def table() -> dict[Any, Callable[..., Any]]:
+    """The decompositions AOTAutograd applies before Coil lowers the graph."""
+    decomps = dict(core_aten_decompositions())
+    decomps.update(get_decompositions([op for op in EXTRA if hasattr(aten, op.__name__)]))
+    for op in KEEP:
+        for overload in ([op] if isinstance(op, torch._ops.OpOverload) else
+                         [getattr(op, n) for n in op.overloads()]):
+            decomps.pop(overload, None)
+    return decomps

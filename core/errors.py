@@ -1,0 +1,65 @@
+"""Coil's error hierarchy: every error a user can see carries fields and says what to do."""
+from __future__ import annotations
+
+
+class CoilError(Exception):
+    """Base class of every error Coil raises on purpose."""
+
+
+class ConfigError(CoilError):
+    """An unknown or badly typed configuration key."""
+
+    def __init__(self, key: str, known: list[str], reason: str = "unknown option") -> None:
+        self.key = key
+        self.known = known
+        super().__init__(f"{reason}: {key!r}; known options: {', '.join(sorted(known))}")
+
+
+class LoweringError(CoilError):
+    """An ATen op that Coil cannot lower natively (caught by the graph lowering, which falls back)."""
+
+    def __init__(self, op: str, reason: str) -> None:
+        self.op = op
+        self.reason = reason
+        super().__init__(f"cannot lower {op}: {reason}")
+
+
+class PluginError(CoilError):
+    """A plugin failed to load or validate; it is skipped and reported by name."""
+
+    def __init__(self, plugin: str, reason: str) -> None:
+        self.plugin = plugin
+        self.reason = reason
+        super().__init__(f"plugin {plugin!r}: {reason}")
+
+
+class NoBackendError(CoilError):
+    """No plugin serves a device type."""
+
+    def __init__(self, device_type: str, known: list[str]) -> None:
+        self.device_type = device_type
+        self.known = known
+        super().__init__(
+            f"no Coil backend serves device type {device_type!r}; known device types: "
+            f"{', '.join(sorted(known)) or '(none)'}. Install a plugin for it or call "
+            f"coil.register_backend_for_device({device_type!r}, backend)."
+        )
+
+
+class ToolchainError(CoilError):
+    """A compiler or tool a backend needs is missing or failed."""
+
+    def __init__(self, tool: str, message: str, hint: str = "") -> None:
+        self.tool = tool
+        self.message = message
+        self.hint = hint
+        super().__init__(f"{tool}: {message}" + (f"\n{hint}" if hint else ""))
+
+
+class KernelCompileError(CoilError):
+    """Generated kernel source failed to compile; carries the compiler output and source path."""
+
+    def __init__(self, source_path: str, output: str) -> None:
+        self.source_path = source_path
+        self.output = output
+        super().__init__(f"kernel compile failed for {source_path}:\n{output}")

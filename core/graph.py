@@ -1,0 +1,261 @@
+"""Graph lowering: walks a functional ATen FX graph, lowers each op through the registry
+(falling back to ATen per op), and collects the IR nodes, buffers, inputs and outputs."""
+from __future__ import annotations
+
+import logging
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import sympy
+import torch
+import torch.fx
+
+from . import ir
+from .config import Config
+from .errors import LoweringError
+from .ir import Expr, Layout
+from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
+from .lowering.context import FallbackRecord, layout_from_meta
+from .lowering.values import Lazy, to_sympy
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+#: Ops that go to ATen by design (the GEMM template plugin adds choices for them).
+LIBRARY_OPS = {
+    aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
+    aten.convolution.default, aten.convolution_backward.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention.default,
+}
+
+
+@dataclass
+class GraphInput:
+    """One graph argument: a tensor (``name`` is its buffer) or a symbolic int."""
+
+    position: int
+    name: str | None
+    symbol: Expr | None = None
+
+
+@dataclass
+class GraphOutput:
+    """A graph result: a buffer seen through a layout, a symbolic int, or a constant."""
+
+    name: str | None = None
+    layout: Layout | None = None
+    expr: Expr | None = None
+    constant: Any = None
+
+
+@dataclass
+class LoweredGraph:
+    inputs: list[GraphInput]
+    nodes: list[ir.Node]
+    outputs: list[GraphOutput]
+    buffers: dict[str, ir.Buffer]
+    fallbacks: list[FallbackRecord]
+    #: symbol -> (input position, "size"|"stride"|"value", dim) where its value can be read.
+    symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = field(default_factory=dict)
+
+
+def _target_name(target: Any) -> str:
+    return f"aten.{target._schema.name.split('::')[-1]}.{target._overloadname}" \
+        if hasattr(target, "_schema") else getattr(target, "__name__", str(target))
+
+
+def _should_realize_on_reuse(value: Lazy, users: int, config: Config) -> bool:
+    if users <= 1:
+        return False
+    ranges_idx = [sympy.Symbol(f"q{i}", integer=True) for i in range(value.ndim)]
+    body = value.load(ranges_idx)
+    return (len(ir.loads(body)) > config.realize_reads_threshold
+            or ir.op_count(body) > config.realize_opcount_threshold)
+
+
+class GraphLowering:
+    """Lowers one FX graph. Use :meth:`run`."""
+
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 registry: LoweringRegistry, config: Config) -> None:
+        self.gm = gm
+        self.example_inputs = list(example_inputs)
+        self.registry = registry
+        self.ctx = LoweringContext(config)
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.inputs: list[GraphInput] = []
+        self.symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = {}
+
+    def run(self) -> LoweredGraph:
+        position = 0
+        outputs: list[GraphOutput] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.env[node] = self._placeholder(node, position)
+                position += 1
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "output":
+                outputs = [self._output(self.env[n] if isinstance(n, torch.fx.Node) else n,
+                                        n.meta.get("val") if isinstance(n, torch.fx.Node) else None)
+                           for n in _flat_outputs(node.args[0])]
+            elif node.op == "get_attr":
+                self.env[node] = self._get_attr(node)
+        return LoweredGraph(self.inputs, self.ctx.nodes, outputs, self.ctx.buffers,
+                            self.ctx.fallbacks, self.symbol_sources)
+
+    # -- placeholders and attributes
+
+    def _placeholder(self, node: torch.fx.Node, position: int) -> Any:
+        example = node.meta.get("val", self.example_inputs[position] if position < len(self.example_inputs) else None)
+        if isinstance(example, torch.SymInt):
+            expr = example.node.expr
+            if isinstance(expr, sympy.Symbol):
+                self.symbol_sources.setdefault(expr, (position, "value", 0))
+            self.inputs.append(GraphInput(position, None, expr))
+            return example
+        if not isinstance(example, torch.Tensor):
+            self.inputs.append(GraphInput(position, None))
+            return example
+        name = f"arg{position}"
+        size = tuple(to_sympy(s) for s in example.size())
+        stride = tuple(to_sympy(s) for s in example.stride())
+        for dim, (n, st) in enumerate(zip(size, stride)):
+            if isinstance(n, sympy.Symbol):
+                self.symbol_sources.setdefault(n, (position, "size", dim))
+            if isinstance(st, sympy.Symbol):
+                self.symbol_sources.setdefault(st, (position, "stride", dim))
+        layout = Layout(example.dtype, example.device, size, stride, sympy.Integer(0))
+        self.ctx.add_buffer(name, layout)
+        self.inputs.append(GraphInput(position, name))
+        return Realized(example.dtype, example.device, size, name, layout)
+
+    def _get_attr(self, node: torch.fx.Node) -> Any:
+        raise LoweringError("get_attr", "graphs with attributes are not supported")
+
+    # -- calls
+
+    def _call(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            base = self.env[node.args[0]]
+            return base[node.args[1]]
+        args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
+        kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
+        self.ctx.origin = _target_name(node.target)
+        self.ctx.out_meta = node.meta.get("val")
+        device_type = _device_type(args, kwargs, self.ctx.out_meta)
+        fn = None if node.target in LIBRARY_OPS else self.registry.lookup(node.target, device_type)
+        result: Any = None
+        if fn is not None:
+            mark = len(self.ctx.nodes)
+            try:
+                result = fn(self.ctx, *args, **kwargs)
+            except (LoweringError, NotImplementedError, TypeError, AssertionError) as exc:
+                del self.ctx.nodes[mark:]
+                reason = str(exc) or type(exc).__name__
+                log.debug("falling back for %s: %s", self.ctx.origin, reason)
+                result = self._fallback(node, args, kwargs, "fallback", reason)
+        else:
+            kind = "library" if node.target in LIBRARY_OPS else "fallback"
+            reason = "by design" if kind == "library" else "no lowering"
+            result = self._fallback(node, args, kwargs, kind, reason)
+        return self._maybe_realize(node, result)
+
+    def _maybe_realize(self, node: torch.fx.Node, result: Any) -> Any:
+        if isinstance(result, Lazy):
+            users = len(node.users)
+            if _should_realize_on_reuse(result, users, self.ctx.config):
+                return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
+        return result
+
+    def _fallback(self, node: torch.fx.Node, args: Any, kwargs: Any, kind: str, reason: str) -> Any:
+        if not callable(node.target) or not hasattr(node.target, "_schema"):
+            raise LoweringError(str(node.target), "not an ATen op; Coil handles ATen graphs only")
+        self.ctx.fallbacks.append(FallbackRecord(self.ctx.origin, reason, kind))
+
+        def to_ref(v: Any) -> Any:
+            if isinstance(v, TensorValue):
+                r = self.ctx.realize(v)
+                return ir.BufferRef(r.name, r.layout)
+            if isinstance(v, (list, tuple)):
+                return type(v)(to_ref(i) for i in v)
+            return v
+
+        ref_args = tuple(to_ref(a) for a in args)
+        ref_kwargs = {k: to_ref(v) for k, v in kwargs.items()}
+        meta = node.meta.get("val")
+        names: list[str] = []
+        layouts: list[Layout | None] = []
+        paths: list[tuple[int, ...]] = []
+        for path, m in _tensor_leaves(meta):
+            name = self.ctx.new_name()
+            size = tuple(to_sympy(s) for s in m.size())
+            stride = tuple(to_sympy(s) for s in m.stride())
+            layout = Layout(m.dtype, m.device, size, stride, sympy.Integer(0))
+            self.ctx.add_buffer(name, layout)
+            names.append(name)
+            layouts.append(layout)
+            paths.append(path)
+        aliases = _aliased_inputs(node.target, ref_args)
+        self.ctx.add_node(ir.ExternNode(
+            names[0] if names else self.ctx.new_name(), op=node.target, args=ref_args,
+            kwargs=ref_kwargs, output_names=tuple(names), output_layouts=tuple(layouts),
+            output_paths=tuple(paths), kind=kind, aliases=aliases))
+        values = {path: Realized(lay.dtype, lay.device, lay.size, n, lay)
+                  for path, n, lay in zip(paths, names, layouts)}
+        return _rebuild(meta, values, ())
+
+    # -- outputs
+
+    def _output(self, value: Any, meta: Any) -> GraphOutput:
+        if isinstance(value, TensorValue):
+            r = self.ctx.realize(value, layout_from_meta(meta))
+            return GraphOutput(r.name, r.layout)
+        if isinstance(value, torch.SymInt):
+            return GraphOutput(expr=value.node.expr)
+        return GraphOutput(constant=value)
+
+
+def _flat_outputs(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def _tensor_leaves(meta: Any, path: tuple[int, ...] = ()) -> list[tuple[tuple[int, ...], torch.Tensor]]:
+    if isinstance(meta, torch.Tensor):
+        return [(path, meta)]
+    if isinstance(meta, (list, tuple)):
+        out = []
+        for i, m in enumerate(meta):
+            out.extend(_tensor_leaves(m, path + (i,)))
+        return out
+    return []
+
+
+def _rebuild(meta: Any, values: dict[tuple[int, ...], Any], path: tuple[int, ...]) -> Any:
+    if isinstance(meta, torch.Tensor):
+        return values[path]
+    if isinstance(meta, (list, tuple)):
+        return type(meta)(_rebuild(m, values, path + (i,)) for i, m in enumerate(meta))
+    return meta
+
+
+def _device_type(args: Any, kwargs: Any, meta: Any) -> str | None:
+    if isinstance(meta, torch.Tensor):
+        return meta.device.type
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, TensorValue):
+            return a.device.type
+    return None
+
+
+def _aliased_inputs(op: Any, args: Sequence[Any]) -> tuple[str, ...]:
+    """Buffers an op's outputs may alias (view ops without a lowering)."""
+    schema = op._schema
+    if not any(r.alias_info is not None for r in schema.returns):
+        return ()
+    return tuple(a.name for a in ir._flatten(list(args)) if isinstance(a, ir.BufferRef))

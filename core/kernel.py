@@ -1,0 +1,73 @@
+"""What a device plugin receives to generate code: a ``Kernel`` (fused nodes over one
+iteration space, re-indexed into the kernel's loop variables) and its ``Loop``s.
+
+Loop variables are ``x0..`` over ``x_ranges`` (the kept, parallel dims) and ``r0..`` over
+``r_ranges`` (the reduced dims; empty for a pointwise kernel). Every node sits at level
+``"x"`` (once per x point) or ``"r"`` (once per (x, r) point). Buffers named in
+``internal`` never reach memory: a plugin keeps them in registers or locals."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from . import ir
+from .ir import Expr
+
+
+@dataclass
+class KernelNode:
+    node: ir.Node
+    level: str  # "x" | "r"
+    body: ir.Value
+    #: Where the (first) output goes, in kernel variables.
+    store_index: Expr
+    #: Buffer each output is stored into (a mutated input's name for input mutation).
+    stores: tuple[str, ...]
+
+    @property
+    def is_reduction(self) -> bool:
+        return isinstance(self.node, ir.ReductionNode)
+
+
+@dataclass
+class Loop:
+    """Consecutive kernel nodes that share one pass over their level's iteration space."""
+
+    level: str
+    nodes: list[KernelNode]
+
+
+@dataclass
+class Kernel:
+    name: str
+    x_ranges: tuple[Expr, ...]
+    r_ranges: tuple[Expr, ...]
+    nodes: list[KernelNode]
+    loops: list[Loop]
+    #: Buffers read from memory, in argument order.
+    inputs: list[str]
+    #: Buffers written to memory, in argument order.
+    outputs: list[str]
+    #: Buffers that stay inside the kernel.
+    internal: set[str]
+    #: Size symbols the kernel takes as integer arguments, in argument order.
+    size_args: list[sympy.Symbol]
+    #: dtype of every buffer the kernel touches (inputs, outputs, internal).
+    dtypes: dict[str, object] = field(default_factory=dict)
+    origins: tuple[str, ...] = ()
+    #: For single-node kernels of special kinds (scan, scatter): the node itself.
+    special: ir.Node | None = None
+
+    @property
+    def x_vars(self) -> list[sympy.Symbol]:
+        return [sympy.Symbol(f"x{i}", integer=True, nonnegative=True) for i in range(len(self.x_ranges))]
+
+    @property
+    def r_vars(self) -> list[sympy.Symbol]:
+        return [sympy.Symbol(f"r{i}", integer=True, nonnegative=True) for i in range(len(self.r_ranges))]
+
+    @property
+    def args(self) -> list[str]:
+        """Argument order: input buffers, output buffers, then size symbols."""
+        return [*self.inputs, *self.outputs, *(s.name for s in self.size_args)]

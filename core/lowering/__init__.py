@@ -1,0 +1,8 @@
+"""ATen -> IR lowerings. Importing this package fills :data:`registry.GENERIC`."""
+from . import indexing, misc, pointwise, reductions, views  # noqa: F401  (registration)
+from .context import FallbackRecord, LoweringContext
+from .registry import GENERIC, LoweringRegistry, lowering
+from .values import Lazy, Realized, TensorValue
+
+__all__ = ["GENERIC", "LoweringRegistry", "lowering", "LoweringContext", "FallbackRecord",
+           "Lazy", "Realized", "TensorValue"]

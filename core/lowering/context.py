@@ -1,0 +1,105 @@
+"""The lowering context: what one graph's lowering has built so far (buffers, nodes, the
+fallbacks it took), passed explicitly to every lowering function."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from .. import ir
+from ..config import Config
+from ..ir import Expr, Layout
+from .values import Lazy, Realized, TensorValue
+
+
+@dataclass
+class FallbackRecord:
+    op: str
+    reason: str
+    kind: str  # "fallback" | "library"
+
+
+@dataclass
+class LoweringContext:
+    config: Config
+    nodes: list[ir.Node] = field(default_factory=list)
+    buffers: dict[str, ir.Buffer] = field(default_factory=dict)
+    fallbacks: list[FallbackRecord] = field(default_factory=list)
+    #: The ATen op being lowered (recorded as the origin of every node it creates).
+    origin: str = ""
+    #: The FakeTensor (or structure) the current FX node produces in eager.
+    out_meta: Any = None
+    _counter: int = 0
+
+    def new_name(self, prefix: str = "buf") -> str:
+        name = f"{prefix}{self._counter}"
+        self._counter += 1
+        return name
+
+    def add_buffer(self, name: str, layout: Layout, storage: str | None = None) -> None:
+        self.buffers[name] = ir.Buffer(name, layout, storage)
+
+    def add_node(self, node: ir.Node) -> ir.Node:
+        if not node.origins and self.origin:
+            node.origins = (self.origin,)
+        self.nodes.append(node)
+        return node
+
+    def realize(self, value: TensorValue, layout: Layout | None = None) -> Realized:
+        """Write a lazy value into a new buffer (contiguous unless ``layout`` says otherwise)."""
+        if isinstance(value, Realized):
+            return value
+        assert isinstance(value, Lazy), value
+        if layout is None or tuple(layout.size) != tuple(value.size) or layout.dtype != value.dtype:
+            layout = Layout(value.dtype, value.device, tuple(value.size),
+                            ir.contiguous_strides(value.size))
+        name = self.new_name()
+        ranges, idx = split_unit_dims(value.size)
+        body = value.load(idx)
+        self.add_buffer(name, layout)
+        self.add_node(ir.PointwiseNode(
+            name, layout=layout, ranges=ranges, body=body, store_index=layout.index(idx)))
+        return Realized(value.dtype, value.device, tuple(value.size), name, layout)
+
+
+def split_unit_dims(size: Sequence[Expr], prefix: str = "x",
+                    start: int = 0) -> tuple[tuple[Expr, ...], list[Expr]]:
+    """Loop ranges without the size-1 dims, and one index per dim (0 for size-1 dims)."""
+    ranges: list[Expr] = []
+    idx: list[Expr] = []
+    for n in size:
+        if n == 1:
+            idx.append(sympy.Integer(0))
+        else:
+            idx.append(sympy.Symbol(f"{prefix}{start + len(ranges)}", integer=True, nonnegative=True))
+            ranges.append(n)
+    return tuple(ranges), idx
+
+
+def layout_from_meta(meta: Any) -> Layout | None:
+    """The eager layout of a FakeTensor, if it is dense (no overlap, no gaps)."""
+    if not isinstance(meta, torch.Tensor):
+        return None
+    from .values import to_sympy
+    size = tuple(to_sympy(s) for s in meta.size())
+    stride = tuple(to_sympy(s) for s in meta.stride())
+    layout = Layout(meta.dtype, meta.device, size, stride, sympy.Integer(0))
+    if not _is_dense(size, stride):
+        return None
+    return layout
+
+
+def _is_dense(size: Sequence[Expr], stride: Sequence[Expr]) -> bool:
+    dims = [(st, n) for n, st in zip(size, stride) if n != 1]
+    try:
+        dims.sort(key=lambda d: int(d[0]) if d[0].is_Integer else 1 << 62)
+    except TypeError:
+        return False
+    expected: Expr = sympy.Integer(1)
+    for st, n in dims:
+        if sympy.expand(st - expected) != 0:
+            return False
+        expected = expected * n
+    return True

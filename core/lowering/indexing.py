@@ -1,0 +1,214 @@
+"""Lowerings of indirect indexing (index, gather, index_select, embedding) as loads with
+data-dependent ``Indirect`` indices, and of scatter writes (scatter, scatter_add,
+scatter_reduce, index_put) as ``ScatterNode``s."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from .. import ir
+from ..errors import LoweringError
+from ..ir import Expr
+from .context import LoweringContext, layout_from_meta
+from .pointwise import check_dtype, compute_dtype
+from .registry import lowering
+from .values import Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy, to_sympy
+
+aten = torch.ops.aten
+
+
+def indirect(ctx: LoweringContext, index: ir.Value, size: Expr) -> ir.Indirect:
+    symbol = sympy.Symbol(ctx.new_name("ind"), integer=True)
+    return ir.Indirect(torch.int64, symbol=symbol, value=cast(index, torch.int64), size=size)
+
+
+def load_indirect(x: Realized, src: Sequence[Expr], inds: Sequence[ir.Indirect]) -> ir.Value:
+    return ir.Load(x.dtype, buffer=x.name, index=x.layout.index(list(src)), indirect=tuple(inds))
+
+
+def _check_index(ctx: LoweringContext, idx: TensorValue) -> None:
+    if idx.dtype in (torch.bool, torch.uint8):
+        raise LoweringError(ctx.origin, "boolean-mask indexing has a data-dependent shape")
+
+
+@lowering(aten.index.Tensor)
+def _index(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    x = ctx.realize(x)
+    check_dtype(x.dtype, ctx.origin)
+    positions = [i for i, t in enumerate(indices) if t is not None]
+    if not positions:
+        return x
+    for i in positions:
+        _check_index(ctx, indices[i])  # type: ignore[arg-type]
+    bshape = broadcast_shapes(*(indices[i].size for i in positions))  # type: ignore[union-attr]
+    tensors = {i: broadcast_to(indices[i], bshape) for i in positions}  # type: ignore[arg-type]
+    adjacent = positions == list(range(positions[0], positions[-1] + 1))
+    rest = [d for d in range(x.ndim) if d not in positions]
+    nb = len(bshape)
+    if adjacent:
+        before = [d for d in rest if d < positions[0]]
+        after = [d for d in rest if d > positions[-1]]
+        size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
+        b_start = len(before)
+    else:
+        before, after = [], rest
+        size = list(bshape) + [x.size[d] for d in rest]
+        b_start = 0
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        bidx = idx[b_start:b_start + nb]
+        src: list[Expr] = [sympy.Integer(0)] * x.ndim
+        for k, d in enumerate(before):
+            src[d] = idx[k]
+        for k, d in enumerate(after):
+            src[d] = idx[b_start + nb + k]
+        inds = []
+        for d, t in tensors.items():
+            ind = indirect(ctx, t.load(bidx), x.size[d])
+            inds.append(ind)
+            src[d] = ind.symbol
+        return load_indirect(x, src, inds)
+
+    return lazy(x.dtype, x.device, size, fn)
+
+
+@lowering(aten.index_select.default)
+def _index_select(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue) -> TensorValue:
+    dim = dim % max(x.ndim, 1)
+    if x.ndim == 0:
+        raise LoweringError(ctx.origin, "index_select of a 0-dim tensor")
+    if index.ndim == 0:
+        from .views import unsqueeze
+        index = unsqueeze(index, 0)
+    return _index(ctx, x, [None] * dim + [index])
+
+
+@lowering(aten.embedding.default)
+def _embedding(ctx: LoweringContext, weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> TensorValue:
+    return _index(ctx, weight, [indices])
+
+
+@lowering(aten.gather.default)
+def _gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
+            *, sparse_grad: bool = False) -> TensorValue:
+    x = ctx.realize(x)
+    check_dtype(x.dtype, ctx.origin)
+    if x.ndim == 0:
+        return lazy(x.dtype, x.device, index.size, lambda idx: x.load([]))
+    dim = dim % x.ndim
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        ind = indirect(ctx, index.load(idx), x.size[dim])
+        src = list(idx)
+        src[dim] = ind.symbol
+        return load_indirect(x, src, [ind])
+
+    return lazy(x.dtype, x.device, index.size, fn)
+
+
+# ----------------------------------------------------------------------------- scatter
+
+
+def _scatter_node(ctx: LoweringContext, base: TensorValue, src_size: Sequence[Expr],
+                  target: Any, value: Any, accumulate: str | None) -> Realized:
+    """``target(s) -> (dst index list, indirects)``; ``value(s) -> Value``."""
+    dtype = base.dtype
+    check_dtype(dtype, ctx.origin)
+    layout = layout_from_meta(ctx.out_meta) or ir.Layout(
+        dtype, base.device, tuple(base.size), ir.contiguous_strides(base.size))
+    from .context import split_unit_dims
+    ranges, idx = split_unit_dims(base.size, "x")
+    src_ranges, sidx = split_unit_dims(src_size, "r")
+    dst, inds = target(sidx)
+    name = ctx.new_name()
+    ctx.add_buffer(name, layout)
+    ctx.add_node(ir.ScatterNode(
+        name, layout=layout, ranges=ranges, base=base.load(idx), store_index=layout.index(idx),
+        src_ranges=src_ranges, value=cast(value(sidx), dtype), target_index=layout.index(dst),
+        target_indirect=tuple(inds), accumulate=accumulate))
+    return Realized(dtype, base.device, tuple(base.size), name, layout)
+
+
+def _scatter_dim(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: Any,
+                 accumulate: str | None) -> Realized:
+    if x.ndim == 0:
+        raise LoweringError(ctx.origin, "scatter into a 0-dim tensor")
+    dim = dim % x.ndim
+
+    def target(s: list[Expr]) -> tuple[list[Expr], list[ir.Indirect]]:
+        ind = indirect(ctx, index.load(s), x.size[dim])
+        dst = list(s)
+        dst[dim] = ind.symbol
+        return dst, [ind]
+
+    def value(s: list[Expr]) -> ir.Value:
+        if isinstance(src, TensorValue):
+            return src.load(s)
+        return const(src, x.dtype)
+
+    return _scatter_node(ctx, x, index.size, target, value, accumulate)
+
+
+@lowering(aten.scatter.src, aten.scatter.value)
+def _scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: Any) -> TensorValue:
+    return _scatter_dim(ctx, x, dim, index, src, None)
+
+
+@lowering(aten.scatter_add.default)
+def _scatter_add(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: TensorValue) -> TensorValue:
+    return _scatter_dim(ctx, x, dim, index, src, "add")
+
+
+@lowering(aten.scatter_reduce.two)
+def _scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: TensorValue,
+                    reduce: str, *, include_self: bool = True) -> TensorValue:
+    modes = {"sum": "add", "prod": "mul", "amax": "amax", "amin": "amin"}
+    if reduce not in modes or not include_self:
+        raise LoweringError(ctx.origin, f"reduce={reduce!r}, include_self={include_self}")
+    return _scatter_dim(ctx, x, dim, index, src, modes[reduce])
+
+
+@lowering(aten.index_put.default)
+def _index_put(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None],
+               values: TensorValue, accumulate: bool = False) -> TensorValue:
+    positions = [i for i, t in enumerate(indices) if t is not None]
+    if not positions:
+        raise LoweringError(ctx.origin, "index_put without indices")
+    for i in positions:
+        _check_index(ctx, indices[i])  # type: ignore[arg-type]
+    bshape = broadcast_shapes(*(indices[i].size for i in positions))  # type: ignore[union-attr]
+    tensors = {i: broadcast_to(indices[i], bshape) for i in positions}  # type: ignore[arg-type]
+    adjacent = positions == list(range(positions[0], positions[-1] + 1))
+    rest = [d for d in range(x.ndim) if d not in positions]
+    nb = len(bshape)
+    if adjacent:
+        before = [d for d in rest if d < positions[0]]
+        after = [d for d in rest if d > positions[-1]]
+        src_size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
+        b_start = len(before)
+    else:
+        before, after = [], rest
+        src_size = list(bshape) + [x.size[d] for d in rest]
+        b_start = 0
+    vals = broadcast_to(values, src_size)
+
+    def target(s: list[Expr]) -> tuple[list[Expr], list[ir.Indirect]]:
+        dst: list[Expr] = [sympy.Integer(0)] * x.ndim
+        for k, d in enumerate(before):
+            dst[d] = s[k]
+        for k, d in enumerate(after):
+            dst[d] = s[b_start + nb + k]
+        inds = []
+        for d, t in tensors.items():
+            ind = indirect(ctx, t.load(s[b_start:b_start + nb]), x.size[d])
+            inds.append(ind)
+            dst[d] = ind.symbol
+        return dst, inds
+
+    return _scatter_node(ctx, x, src_size, target, vals.load, "add" if accumulate else None)
+
+
+__all__ = ["indirect", "load_indirect", "compute_dtype", "to_sympy"]

@@ -1,0 +1,222 @@
+"""Lowerings of ATen's elementwise ops: type promotion, broadcasting, and one ``Op`` each."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+from .. import ir
+from ..errors import LoweringError
+from .context import LoweringContext
+from .registry import lowering
+from .values import TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
+
+aten = torch.ops.aten
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+#: dtypes Coil generates code for; anything else (complex, float8, wide unsigned) falls back.
+SUPPORTED_DTYPES = frozenset({
+    torch.float32, torch.float64, torch.bfloat16, torch.float16,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+})
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Half-precision floats are computed in float32."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def promoted_dtype(args: Sequence[Any]) -> torch.dtype:
+    """ATen's type promotion over tensor values and Python scalars."""
+    dummies: list[Any] = []
+    for a in args:
+        if isinstance(a, TensorValue):
+            dummies.append(torch.empty((1,) * a.ndim, dtype=a.dtype, device="meta"))
+        elif a is not None:
+            dummies.append(a)
+    _, result = elementwise_dtypes(*dummies, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return result
+
+
+def check_dtype(dtype: torch.dtype, op: str) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise LoweringError(op, f"dtype {dtype} is not generated natively")
+
+
+def pointwise(op: str, args: Sequence[Any], out_dtype: torch.dtype,
+              operand_dtype: torch.dtype | None = None) -> TensorValue:
+    """``op`` applied elementwise over broadcast ``args`` (tensor values or Python scalars).
+
+    Operands are cast to ``operand_dtype`` (default: ``out_dtype``, half types upcast);
+    the result is cast to ``out_dtype``."""
+    check_dtype(out_dtype, op)
+    tensors = [a for a in args if isinstance(a, TensorValue)]
+    if not tensors:
+        raise LoweringError(op, "no tensor operand")
+    for t in tensors:
+        check_dtype(t.dtype, op)
+    size = broadcast_shapes(*(t.size for t in tensors))
+    operands = [broadcast_to(a, size) if isinstance(a, TensorValue) else a for a in args]
+    opnd = compute_dtype(operand_dtype or out_dtype)
+    result_dtype = torch.bool if out_dtype == torch.bool else opnd
+
+    def fn(idx: list[ir.Expr]) -> ir.Value:
+        vals = [cast(a.load(idx), opnd) if isinstance(a, TensorValue) else const(a, opnd)
+                for a in operands]
+        return cast(ir.Op(result_dtype, name=op, args=tuple(vals)), out_dtype)
+
+    return lazy(out_dtype, tensors[0].device, size, fn)
+
+
+def _out_dtype(ctx: LoweringContext) -> torch.dtype:
+    meta = ctx.out_meta
+    if isinstance(meta, torch.Tensor):
+        return meta.dtype
+    raise LoweringError(ctx.origin, "no tensor result")
+
+
+def _register(ops: Sequence[Any], name: str, kind: str) -> None:
+    def lower(ctx: LoweringContext, *args: Any, **kwargs: Any) -> TensorValue:
+        if kwargs:
+            raise LoweringError(ctx.origin, f"unsupported arguments {sorted(kwargs)}")
+        out = _out_dtype(ctx)
+        if kind == "compare":
+            return pointwise(name, args, out, operand_dtype=promoted_dtype(args))
+        if kind == "predicate":
+            return pointwise(name, args, out, operand_dtype=args[0].dtype)
+        if kind == "logical":
+            return pointwise(name, args, out, operand_dtype=torch.bool)
+        return pointwise(name, args, out)
+
+    for op in ops:
+        lowering(op)(lower)
+
+
+_SIMPLE: list[tuple[str, list[Any], str]] = [
+    ("mul", [aten.mul.Tensor, aten.mul.Scalar], "arith"),
+    ("truediv", [aten.div.Tensor, aten.div.Scalar], "arith"),
+    ("neg", [aten.neg], "arith"), ("abs", [aten.abs], "arith"),
+    ("reciprocal", [aten.reciprocal], "arith"), ("sign", [aten.sign, aten.sgn], "arith"),
+    ("maximum", [aten.maximum], "arith"), ("minimum", [aten.minimum], "arith"),
+    ("pow", [aten.pow.Tensor_Tensor], "arith"),
+    ("atan2", [aten.atan2], "arith"), ("hypot", [aten.hypot], "arith"),
+    ("copysign", [aten.copysign.Tensor, aten.copysign.Scalar], "arith"),
+    ("nextafter", [aten.nextafter], "arith"),
+    ("fmod", [aten.fmod.Tensor, aten.fmod.Scalar], "arith"),
+    ("remainder", [aten.remainder.Tensor, aten.remainder.Scalar], "arith"),
+    ("floordiv", [aten.floor_divide], "arith"),
+    ("exp", [aten.exp], "arith"), ("exp2", [aten.exp2], "arith"), ("expm1", [aten.expm1], "arith"),
+    ("log", [aten.log], "arith"), ("log2", [aten.log2], "arith"), ("log10", [aten.log10], "arith"),
+    ("log1p", [aten.log1p], "arith"), ("sqrt", [aten.sqrt], "arith"), ("rsqrt", [aten.rsqrt], "arith"),
+    ("sin", [aten.sin], "arith"), ("cos", [aten.cos], "arith"), ("tan", [aten.tan], "arith"),
+    ("asin", [aten.asin], "arith"), ("acos", [aten.acos], "arith"), ("atan", [aten.atan], "arith"),
+    ("sinh", [aten.sinh], "arith"), ("cosh", [aten.cosh], "arith"), ("tanh", [aten.tanh], "arith"),
+    ("asinh", [aten.asinh], "arith"), ("acosh", [aten.acosh], "arith"), ("atanh", [aten.atanh], "arith"),
+    ("erf", [aten.erf], "arith"), ("erfc", [aten.erfc], "arith"), ("erfinv", [aten.erfinv], "arith"),
+    ("lgamma", [aten.lgamma], "arith"), ("sigmoid", [aten.sigmoid], "arith"),
+    ("floor", [aten.floor], "arith"), ("ceil", [aten.ceil], "arith"),
+    ("round", [aten.round.default], "arith"), ("trunc", [aten.trunc], "arith"),
+    ("eq", [aten.eq.Tensor, aten.eq.Scalar], "compare"), ("ne", [aten.ne.Tensor, aten.ne.Scalar], "compare"),
+    ("lt", [aten.lt.Tensor, aten.lt.Scalar], "compare"), ("le", [aten.le.Tensor, aten.le.Scalar], "compare"),
+    ("gt", [aten.gt.Tensor, aten.gt.Scalar], "compare"), ("ge", [aten.ge.Tensor, aten.ge.Scalar], "compare"),
+    ("isnan", [aten.isnan], "predicate"), ("isinf", [aten.isinf], "predicate"),
+    ("signbit", [aten.signbit], "predicate"),
+    ("logical_and", [aten.logical_and], "logical"), ("logical_or", [aten.logical_or], "logical"),
+    ("logical_xor", [aten.logical_xor], "logical"), ("logical_not", [aten.logical_not], "logical"),
+    ("bitwise_and", [aten.bitwise_and.Tensor, aten.bitwise_and.Scalar], "arith"),
+    ("bitwise_or", [aten.bitwise_or.Tensor, aten.bitwise_or.Scalar], "arith"),
+    ("bitwise_xor", [aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar], "arith"),
+    ("bitwise_not", [aten.bitwise_not], "arith"),
+    ("lshift", [aten.bitwise_left_shift.Tensor, aten.__lshift__.Scalar], "arith"),
+    ("rshift", [aten.bitwise_right_shift.Tensor, aten.__rshift__.Scalar], "arith"),
+]
+
+for _name, _ops, _kind in _SIMPLE:
+    _register(_ops, _name, _kind)
+
+
+@lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar,
+          aten.rsub.Tensor)
+def _add_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
+    out = _out_dtype(ctx)
+    name = ctx.origin
+    reverse = "rsub" in name
+    if reverse:
+        a, b = b, a
+    if alpha != 1:
+        b = pointwise("mul", [b, alpha], out) if isinstance(b, TensorValue) else b * alpha
+    op = "add" if "add" in name else "sub"
+    if not isinstance(a, TensorValue) and not isinstance(b, TensorValue):
+        raise LoweringError(name, "no tensor operand")
+    return pointwise(op, [a, b], out)
+
+
+@lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(ctx: LoweringContext, a: Any, b: Any, *, rounding_mode: str | None = None) -> TensorValue:
+    out = _out_dtype(ctx)
+    if rounding_mode is None:
+        return pointwise("truediv", [a, b], out)
+    if out.is_floating_point:
+        q = pointwise("truediv", [a, b], out)
+        return pointwise("floor" if rounding_mode == "floor" else "trunc", [q], out)
+    return pointwise("floordiv" if rounding_mode == "floor" else "truncdiv", [a, b], out)
+
+
+@lowering(aten.pow.Tensor_Scalar)
+def _pow_scalar(ctx: LoweringContext, a: TensorValue, exponent: Any) -> TensorValue:
+    out = _out_dtype(ctx)
+    if exponent == 2:
+        return pointwise("square", [a], out)
+    if exponent == 1:
+        return pointwise("mul", [a, 1], out)
+    if exponent == 0.5 and out.is_floating_point:
+        return pointwise("sqrt", [a], out)
+    if exponent == -1 and out.is_floating_point:
+        return pointwise("reciprocal", [a], out)
+    return pointwise("pow", [a, exponent], out)
+
+
+@lowering(aten.pow.Scalar)
+def _pow_scalar_base(ctx: LoweringContext, base: Any, exponent: TensorValue) -> TensorValue:
+    return pointwise("pow", [base, exponent], _out_dtype(ctx))
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,
+          aten.clamp_max.default, aten.clamp_max.Tensor)
+def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None) -> TensorValue:
+    out = _out_dtype(ctx)
+    if "clamp_max" in ctx.origin:
+        lo, hi = None, lo
+    operand = promoted_dtype([x, lo, hi])
+    result: TensorValue = x
+    if lo is not None:
+        result = pointwise("clamp_min", [result, lo], out, operand_dtype=operand)
+    if hi is not None:
+        result = pointwise("clamp_max", [result, hi], out, operand_dtype=operand)
+    if lo is None and hi is None:
+        raise LoweringError(ctx.origin, "clamp with neither bound")
+    return result
+
+
+@lowering(aten.relu)
+def _relu(ctx: LoweringContext, x: TensorValue) -> TensorValue:
+    return pointwise("clamp_min", [x, 0], _out_dtype(ctx))
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def _where(ctx: LoweringContext, cond: Any, a: Any, b: Any) -> TensorValue:
+    out = _out_dtype(ctx)
+    tensors = [t for t in (cond, a, b) if isinstance(t, TensorValue)]
+    size = broadcast_shapes(*(t.size for t in tensors))
+    opnd = compute_dtype(out)
+    c = broadcast_to(cond, size)
+    av = broadcast_to(a, size) if isinstance(a, TensorValue) else a
+    bv = broadcast_to(b, size) if isinstance(b, TensorValue) else b
+
+    def fn(idx: list[ir.Expr]) -> ir.Value:
+        def val(v: Any) -> ir.Value:
+            return cast(v.load(idx), opnd) if isinstance(v, TensorValue) else const(v, opnd)
+        return cast(ir.Op(opnd, name="where", args=(cast(c.load(idx), torch.bool), val(av), val(bv))), out)
+
+    return lazy(out, tensors[0].device, size, fn)

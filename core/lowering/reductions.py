@@ -1,0 +1,216 @@
+"""Lowerings of reductions: sum, prod, amax/amin, argmax/argmin, any/all, mean, and a
+one-pass Welford var_mean. Each becomes one ``ReductionNode`` whose body inlines its
+pointwise producers; the scheduler fuses consumers (softmax, norms) into the same kernel."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import sympy
+import torch
+
+from .. import ir
+from ..errors import LoweringError
+from ..ir import Expr, Layout
+from .context import LoweringContext, layout_from_meta
+from .pointwise import check_dtype, compute_dtype, pointwise
+from .registry import lowering
+from .values import Lazy, Realized, TensorValue, cast, lazy, to_dtype
+
+aten = torch.ops.aten
+
+
+def _dims(x: TensorValue, dim: Any) -> list[int]:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return list(range(x.ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    nd = max(x.ndim, 1)
+    return sorted({d % nd for d in dim})
+
+
+def acc_dtype_for(rtype: str, dtype: torch.dtype) -> torch.dtype:
+    if rtype in ("any", "all"):
+        return torch.bool
+    if rtype in ("sum", "prod") and (not dtype.is_floating_point):
+        return torch.int64
+    return compute_dtype(dtype)
+
+
+def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str,
+           out_dtype: torch.dtype, layout: Layout | None = None) -> list[Realized]:
+    """One ReductionNode reducing ``x`` over ``dims``; returns its output buffer(s)."""
+    check_dtype(x.dtype, ctx.origin)
+    check_dtype(out_dtype, ctx.origin)
+    dims = list(dims)
+    if x.ndim == 0:
+        dims = []
+    out_size = tuple(sympy.Integer(1) if i in dims else n for i, n in enumerate(x.size)) if keepdim \
+        else tuple(n for i, n in enumerate(x.size) if i not in dims)
+    if layout is None or tuple(layout.size) != out_size or layout.dtype != out_dtype:
+        layout = Layout(out_dtype, x.device, out_size, ir.contiguous_strides(out_size))
+    ranges: list[Expr] = []
+    rranges: list[Expr] = []
+    full_idx: list[Expr] = []
+    out_idx: list[Expr] = []
+    for i, n in enumerate(x.size):
+        if i in dims:
+            if n == 1:
+                full_idx.append(sympy.Integer(0))
+            else:
+                full_idx.append(sympy.Symbol(f"r{len(rranges)}", integer=True, nonnegative=True))
+                rranges.append(n)
+            if keepdim:
+                out_idx.append(sympy.Integer(0))
+        else:
+            if n == 1:
+                v: Expr = sympy.Integer(0)
+            else:
+                v = sympy.Symbol(f"x{len(ranges)}", integer=True, nonnegative=True)
+                ranges.append(n)
+            full_idx.append(v)
+            out_idx.append(v)
+    acc = acc_dtype_for(rtype, x.dtype)
+    body = x.load(full_idx)
+    if rtype in ("any", "all"):
+        body = cast(body, torch.bool)
+    elif rtype not in ("argmax", "argmin"):
+        body = cast(body, acc)
+    else:
+        body = cast(body, compute_dtype(x.dtype))
+    name = ctx.new_name()
+    extra: tuple[str, ...] = ()
+    ctx.add_buffer(name, layout)
+    outs = [Realized(out_dtype, x.device, out_size, name, layout)]
+    if rtype == "welford":
+        m2 = ctx.new_name()
+        extra = (m2,)
+        ctx.add_buffer(m2, layout)
+        outs.append(Realized(out_dtype, x.device, out_size, m2, layout))
+    ctx.add_node(ir.ReductionNode(
+        name, layout=layout, ranges=tuple(ranges), reduction_ranges=tuple(rranges),
+        reduction_type=rtype, body=body, store_index=layout.index(out_idx), acc_dtype=acc,
+        extra_outputs=extra))
+    return outs
+
+
+def _meta_layout(ctx: LoweringContext, i: int | None = None) -> Layout | None:
+    meta = ctx.out_meta if i is None else ctx.out_meta[i]
+    return layout_from_meta(meta)
+
+
+def _meta_dtype(ctx: LoweringContext, i: int | None = None) -> torch.dtype:
+    meta = ctx.out_meta if i is None else ctx.out_meta[i]
+    return meta.dtype
+
+
+def _simple(rtype: str):
+    def lower(ctx: LoweringContext, x: TensorValue, dim: Any = None, keepdim: bool = False,
+              *, dtype: torch.dtype | None = None) -> TensorValue:
+        if isinstance(dim, bool):  # any.default-like signatures never pass a bool dim
+            raise LoweringError(ctx.origin, "unexpected bool dim")
+        out = _meta_dtype(ctx)
+        src = x
+        if dtype is not None and rtype in ("sum", "prod"):
+            src = to_dtype(x, dtype)
+        return reduce(ctx, src, _dims(x, dim), keepdim, rtype, out, _meta_layout(ctx))[0]
+    return lower
+
+
+lowering(aten.sum.dim_IntList, aten.sum.default)(_simple("sum"))
+lowering(aten.prod.dim_int, aten.prod.default)(_simple("prod"))
+lowering(aten.amax.default, aten.max.default)(_simple("max"))
+lowering(aten.amin.default, aten.min.default)(_simple("min"))
+lowering(aten.any.dim, aten.any.dims, aten.any.default)(_simple("any"))
+lowering(aten.all.dim, aten.all.dims, aten.all.default)(_simple("all"))
+
+
+@lowering(aten.argmax.default, aten.argmin.default)
+def _arg(ctx: LoweringContext, x: TensorValue, dim: int | None = None, keepdim: bool = False) -> TensorValue:
+    rtype = "argmax" if "argmax" in ctx.origin else "argmin"
+    if dim is None:
+        if keepdim:
+            raise LoweringError(ctx.origin, "keepdim without dim")
+        flat = _flatten(x)
+        return reduce(ctx, flat, [0], False, rtype, torch.int64, _meta_layout(ctx))[0]
+    return reduce(ctx, x, _dims(x, dim), keepdim, rtype, torch.int64, _meta_layout(ctx))[0]
+
+
+def _flatten(x: TensorValue) -> TensorValue:
+    from .views import reshape
+    return reshape(x, (ir.sympy_product(x.size),))
+
+
+@lowering(aten.max.dim, aten.min.dim)
+def _max_dim(ctx: LoweringContext, x: TensorValue, dim: int, keepdim: bool = False) -> tuple:
+    kind = "max" if "max" in ctx.origin else "min"
+    dims = _dims(x, dim)
+    values = reduce(ctx, x, dims, keepdim, kind, _meta_dtype(ctx, 0), _meta_layout(ctx, 0))[0]
+    index = reduce(ctx, x, dims, keepdim, "arg" + kind, torch.int64, _meta_layout(ctx, 1))[0]
+    return values, index
+
+
+@lowering(aten.mean.dim, aten.mean.default)
+def _mean(ctx: LoweringContext, x: TensorValue, dim: Any = None, keepdim: bool = False,
+          *, dtype: torch.dtype | None = None) -> TensorValue:
+    out = _meta_dtype(ctx)
+    if not out.is_floating_point:
+        raise LoweringError(ctx.origin, "mean of a non-float dtype")
+    dims = _dims(x, dim)
+    count = ir.sympy_product([x.size[d] for d in dims]) if x.ndim else sympy.Integer(1)
+    acc = compute_dtype(out)
+    total = reduce(ctx, x, dims, keepdim, "sum", acc)[0]
+    return _divide_by(total, count, out)
+
+
+def _divide_by(v: TensorValue, count: Expr, out: torch.dtype) -> TensorValue:
+    acc = compute_dtype(out)
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        n = cast(ir.IndexValue(torch.int64, expr=count), acc)
+        return cast(ir.Op(acc, name="truediv", args=(cast(v.load(idx), acc), n)), out)
+
+    return lazy(out, v.device, v.size, fn)
+
+
+def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, keepdim: bool
+             ) -> tuple[TensorValue, TensorValue]:
+    out = _meta_dtype(ctx, 0) if isinstance(ctx.out_meta, (tuple, list)) else _meta_dtype(ctx)
+    if not out.is_floating_point:
+        raise LoweringError(ctx.origin, "variance of a non-float dtype")
+    dims = _dims(x, dim)
+    count = ir.sympy_product([x.size[d] for d in dims]) if x.ndim else sympy.Integer(1)
+    acc = compute_dtype(out)
+    mean, m2 = reduce(ctx, x, dims, keepdim, "welford", acc)
+    corr = 1 if correction is None else correction
+    denom = count - corr
+
+    def var_fn(idx: list[Expr]) -> ir.Value:
+        d = ir.Op(acc, name="maximum", args=(cast(ir.IndexValue(torch.int64, expr=denom), acc),
+                                             ir.Const(acc, value=0.0)))
+        return cast(ir.Op(acc, name="truediv", args=(m2.load(idx), d)), out)
+
+    var = lazy(out, x.device, m2.size, var_fn)
+    mean_out = lazy(out, x.device, mean.size, lambda idx: cast(mean.load(idx), out))
+    return var, mean_out
+
+
+@lowering(aten.var_mean.correction)
+def _var_mean(ctx: LoweringContext, x: TensorValue, dim: Any = None, *, correction: Any = None,
+              keepdim: bool = False) -> tuple:
+    return _welford(ctx, x, dim, correction, keepdim)
+
+
+@lowering(aten.var.correction)
+def _var(ctx: LoweringContext, x: TensorValue, dim: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> TensorValue:
+    return _welford(ctx, x, dim, correction, keepdim)[0]
+
+
+@lowering(aten.std.correction)
+def _std(ctx: LoweringContext, x: TensorValue, dim: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> TensorValue:
+    var = _welford(ctx, x, dim, correction, keepdim)[0]
+    return pointwise("sqrt", [var], var.dtype)
+
+
+__all__ = ["reduce", "acc_dtype_for", "Lazy"]

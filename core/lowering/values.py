@@ -1,0 +1,123 @@
+"""Tensor values during lowering: ``Lazy`` (an unrealized pointwise body, composed into its
+users) and ``Realized`` (a buffer seen through a strided layout, which covers views)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import sympy
+import torch
+
+from .. import ir
+from ..ir import Expr, Layout, Value
+
+
+@dataclass
+class TensorValue:
+    dtype: torch.dtype
+    device: torch.device
+    size: tuple[Expr, ...]
+
+    def load(self, idx: Sequence[Expr]) -> Value:
+        raise NotImplementedError
+
+    @property
+    def ndim(self) -> int:
+        return len(self.size)
+
+
+@dataclass
+class Lazy(TensorValue):
+    """A pointwise body not yet written to memory; users inline it."""
+
+    fn: Callable[[list[Expr]], Value]
+
+    def load(self, idx: Sequence[Expr]) -> Value:
+        return self.fn(list(idx))
+
+
+@dataclass
+class Realized(TensorValue):
+    """Buffer ``name`` seen through ``layout`` (a strided view of its storage)."""
+
+    name: str
+    layout: Layout
+
+    def load(self, idx: Sequence[Expr]) -> Value:
+        return ir.Load(self.dtype, buffer=self.name, index=self.layout.index(list(idx)))
+
+
+def lazy(dtype: torch.dtype, device: torch.device, size: Sequence[Expr],
+         fn: Callable[[list[Expr]], Value]) -> Lazy:
+    return Lazy(dtype, device, tuple(size), fn)
+
+
+def cast(v: Value, dtype: torch.dtype) -> Value:
+    if v.dtype == dtype:
+        return v
+    if isinstance(v, ir.Const):
+        return ir.Const(dtype, value=_convert_const(v.value, dtype))
+    return ir.Cast(dtype, x=v)
+
+
+def _convert_const(value: object, dtype: torch.dtype) -> object:
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_floating_point:
+        return float(value)  # type: ignore[arg-type]
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return value
+    return int(value)  # type: ignore[call-overload]
+
+
+def const(value: object, dtype: torch.dtype) -> Value:
+    return ir.Const(dtype, value=_convert_const(value, dtype))
+
+
+def to_sympy(x: object) -> Expr:
+    """A Python int, SymInt or sympy expression as a sympy expression."""
+    if isinstance(x, torch.SymInt):
+        return x.node.expr
+    if isinstance(x, sympy.Basic):
+        return x
+    return sympy.Integer(int(x))  # type: ignore[arg-type]
+
+
+def is_one(e: Expr) -> bool:
+    return e == 1
+
+
+def broadcast_shapes(*sizes: Sequence[Expr]) -> tuple[Expr, ...]:
+    ndim = max((len(s) for s in sizes), default=0)
+    out: list[Expr] = []
+    for i in range(ndim):
+        dim: Expr = sympy.Integer(1)
+        for s in sizes:
+            j = i - (ndim - len(s))
+            if j < 0:
+                continue
+            if s[j] != 1:
+                dim = s[j]
+        out.append(dim)
+    return tuple(out)
+
+
+def broadcast_to(v: TensorValue, size: Sequence[Expr]) -> TensorValue:
+    """``v`` expanded to ``size`` (index remapping, no copy)."""
+    size = tuple(size)
+    if tuple(v.size) == size:
+        return v
+    lead = len(size) - len(v.size)
+
+    def fn(idx: list[Expr]) -> Value:
+        src = [sympy.Integer(0) if v.size[j] == 1 else idx[j + lead] for j in range(len(v.size))]
+        return v.load(src)
+
+    return lazy(v.dtype, v.device, size, fn)
+
+
+def to_dtype(v: TensorValue, dtype: torch.dtype) -> TensorValue:
+    """``v`` converted elementwise to ``dtype`` (lazy)."""
+    if v.dtype == dtype:
+        return v
+    return lazy(dtype, v.device, v.size, lambda idx: cast(v.load(idx), dtype))

@@ -1,0 +1,34 @@
+"""The catalogue of pointwise operations an IR ``Op`` may name, with their arity.
+
+This is part of the plugin contract: every device backend's op table implements each name
+(the conformance kit checks it). Semantics follow ATen; where ATen leaves a choice open, the
+comment says what Coil means."""
+from __future__ import annotations
+
+#: name -> number of operands
+POINTWISE_OPS: dict[str, int] = {
+    # arithmetic (integer division ops are guarded: x/0 gives 0 rather than a trap)
+    "add": 2, "sub": 2, "mul": 2, "truediv": 2, "floordiv": 2, "truncdiv": 2,
+    "remainder": 2,  # Python's modulo: sign follows the divisor
+    "fmod": 2,       # C's modulo: sign follows the dividend
+    "neg": 1, "abs": 1, "reciprocal": 1, "square": 1, "sign": 1,
+    "maximum": 2, "minimum": 2,  # NaN-propagating
+    "clamp_min": 2, "clamp_max": 2,  # NaN in the first operand propagates
+    "pow": 2, "atan2": 2, "hypot": 2, "copysign": 2, "nextafter": 2,
+    # transcendental
+    "exp": 1, "exp2": 1, "expm1": 1, "log": 1, "log2": 1, "log10": 1, "log1p": 1,
+    "sqrt": 1, "rsqrt": 1, "sin": 1, "cos": 1, "tan": 1, "asin": 1, "acos": 1, "atan": 1,
+    "sinh": 1, "cosh": 1, "tanh": 1, "asinh": 1, "acosh": 1, "atanh": 1,
+    "erf": 1, "erfc": 1, "erfinv": 1, "lgamma": 1, "sigmoid": 1,
+    # rounding
+    "floor": 1, "ceil": 1, "round": 1, "trunc": 1,  # round: half to even, as ATen
+    # comparison and predicates (result bool)
+    "eq": 2, "ne": 2, "lt": 2, "le": 2, "gt": 2, "ge": 2,
+    "isnan": 1, "isinf": 1, "signbit": 1,
+    # logical (operands bool) and bitwise (operands integer or bool)
+    "logical_and": 2, "logical_or": 2, "logical_xor": 2, "logical_not": 1,
+    "bitwise_and": 2, "bitwise_or": 2, "bitwise_xor": 2, "bitwise_not": 1,
+    "lshift": 2, "rshift": 2,
+    # selection
+    "where": 3,
+}

@@ -1,0 +1,432 @@
+"""The scheduler: dead-code elimination, a dependency graph of IR nodes, greedy fusion into
+kernels (vertical, reduction with producers and consumers, horizontal), and a topological
+order of the resulting steps. The device's ``Scheduling`` (from its plugin) can veto a fusion
+and bounds the kernel size; every refusal is recorded with its reason."""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import sympy
+
+from . import ir
+from .graph import LoweredGraph
+from .kernel import Kernel, KernelNode, Loop
+from .symbolic import simplify_index
+
+log = logging.getLogger(__name__)
+
+FUSABLE = (ir.PointwiseNode, ir.ReductionNode)
+
+
+class FusionPolicy(Protocol):
+    """What the core asks a device about fusion (``coil.sdk.Scheduling`` implements it)."""
+
+    max_fusion_size: int
+
+    def can_fuse(self, x_ranges: tuple, r_ranges: tuple, nodes: Sequence[ir.Node]) -> bool: ...
+
+
+@dataclass
+class Group:
+    """Nodes that will become one kernel."""
+
+    members: list[int]
+    x: tuple
+    r: tuple
+    alive: bool = True
+
+
+@dataclass
+class FusionDecision:
+    a: str
+    b: str
+    fused: bool
+    reason: str
+
+
+@dataclass
+class Schedule:
+    """Steps in execution order: each a Kernel or an ExternNode."""
+
+    steps: list[object]
+    decisions: list[FusionDecision] = field(default_factory=list)
+
+
+def _node_group(node: ir.Node) -> tuple[tuple, tuple] | None:
+    if isinstance(node, ir.PointwiseNode):
+        return tuple(node.ranges), ()
+    if isinstance(node, ir.ReductionNode):
+        return tuple(node.ranges), tuple(node.reduction_ranges)
+    return None
+
+
+def _combine(a: tuple[tuple, tuple], b: tuple[tuple, tuple]) -> tuple[tuple, tuple] | None:
+    """The iteration space of a kernel holding both, or None when they do not fit."""
+    (xa, ra), (xb, rb) = a, b
+    if ra and rb:
+        return (xa, ra) if (xa, ra) == (xb, rb) else None
+    if not ra and not rb:
+        return a if xa == xb else None
+    if ra:
+        (xa, ra), (xb, rb) = (xa, ra), (xb, rb)
+    else:
+        (xa, ra), (xb, rb) = (xb, rb), (xa, ra)
+    # (xa, ra) is the reduction space; xb is a pointwise space
+    if xb == xa or xb == xa + ra:
+        return xa, ra
+    return None
+
+
+def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
+    needed = {o.name for o in graph.outputs if o.name}
+    for o in graph.outputs:
+        if o.name and graph.buffers.get(o.name) and graph.buffers[o.name].storage:
+            needed.add(o.name)
+    kept: list[ir.Node] = []
+    for node in reversed(graph.nodes):
+        mutation = isinstance(node, ir.PointwiseNode) and node.mutates
+        if mutation or any(out in needed for out in node.outputs()):
+            kept.append(node)
+            needed |= node.reads()
+            if isinstance(node, ir.ExternNode):
+                needed |= set(node.aliases)
+    kept.reverse()
+    return kept
+
+
+class Scheduler:
+    def __init__(self, graph: LoweredGraph, policies: dict[str, FusionPolicy]) -> None:
+        self.graph = graph
+        self.policies = policies
+        self.nodes = eliminate_dead(graph)
+        self.decisions: list[FusionDecision] = []
+        self._build_deps()
+
+    # -- dependencies
+
+    def _build_deps(self) -> None:
+        writer: dict[str, int] = {}
+        readers_of_storage: dict[str, list[int]] = {}
+        self.preds: list[set[int]] = [set() for _ in self.nodes]
+        for i, node in enumerate(self.nodes):
+            for name in node.reads():
+                if name in writer:
+                    self.preds[i].add(writer[name])
+                storage = self._storage(name)
+                readers_of_storage.setdefault(storage, []).append(i)
+                if storage in writer and storage != name:
+                    self.preds[i].add(writer[storage])
+            if isinstance(node, ir.PointwiseNode) and node.mutates:
+                # write-after-read: every earlier reader of the old value goes first
+                for r in readers_of_storage.get(node.mutates, []):
+                    if r != i:
+                        self.preds[i].add(r)
+                writer[node.mutates] = i
+            for out in node.outputs():
+                writer[out] = i
+        self.succs: list[set[int]] = [set() for _ in self.nodes]
+        for i, ps in enumerate(self.preds):
+            for p in ps:
+                self.succs[p].add(i)
+
+    def _storage(self, name: str) -> str:
+        buf = self.graph.buffers.get(name)
+        return buf.storage if buf is not None and buf.storage else name
+
+    # -- fusion
+
+    def run(self) -> Schedule:
+        groups = [Group([i], *(_node_group(n) or ((), ()))) for i, n in enumerate(self.nodes)]
+        self.group_of = list(range(len(self.nodes)))
+        self.groups = groups
+        changed = True
+        while changed:
+            changed = False
+            for a, b in self._candidates():
+                ga, gb = self.group_of[a], self.group_of[b]
+                if ga == gb or not groups[ga].alive or not groups[gb].alive:
+                    continue
+                if self._try_fuse(ga, gb):
+                    changed = True
+        order = self._topo_order()
+        steps: list[object] = []
+        for k, gi in enumerate(order):
+            members = [self.nodes[i] for i in groups[gi].members]
+            if isinstance(members[0], ir.ExternNode):
+                steps.append(members[0])
+            else:
+                steps.append(self._make_kernel(f"k{k}", groups[gi], members))
+        return Schedule(steps, self.decisions)
+
+    def _candidates(self) -> list[tuple[int, int]]:
+        pairs: list[tuple[int, int, int]] = []
+        readers: dict[str, list[int]] = {}
+        for i, node in enumerate(self.nodes):
+            if not isinstance(node, FUSABLE):
+                continue
+            for p in self.preds[i]:
+                if isinstance(self.nodes[p], FUSABLE):
+                    pairs.append((0, p, i))
+            for name in node.reads():
+                readers.setdefault(name, []).append(i)
+        for name, rs in readers.items():
+            for a, b in zip(rs, rs[1:]):
+                pairs.append((1, a, b))
+        pairs.sort()
+        return [(a, b) for _, a, b in pairs]
+
+    def _try_fuse(self, ga: int, gb: int) -> bool:
+        A, B = self.groups[ga], self.groups[gb]
+        names = (self._label(A), self._label(B))
+        space = _combine((A.x, A.r), (B.x, B.r))
+        if space is None:
+            return self._decide(names, False, "iteration spaces differ")
+        members = sorted(A.members + B.members)
+        nodes = [self.nodes[i] for i in members]
+        device = nodes[0].device
+        if any(n.device != device for n in nodes):
+            return self._decide(names, False, "different devices")
+        policy = self.policies.get(device.type)
+        limit = policy.max_fusion_size if policy else 1
+        if len(members) > limit:
+            return self._decide(names, False, f"fusion-size limit {limit}")
+        if self._creates_cycle(ga, gb):
+            return self._decide(names, False, "would create a cycle")
+        reason = self._dependency_conflict(members, space)
+        if reason:
+            return self._decide(names, False, reason)
+        if policy is not None and not policy.can_fuse(space[0], space[1], nodes):
+            return self._decide(names, False, "refused by the device's Scheduling")
+        A.members = members
+        A.x, A.r = space
+        B.alive = False
+        for i in B.members:
+            self.group_of[i] = ga
+        return self._decide(names, True, "fused")
+
+    def _decide(self, names: tuple[str, str], fused: bool, reason: str) -> bool:
+        self.decisions.append(FusionDecision(names[0], names[1], fused, reason))
+        return fused
+
+    def _label(self, g: Group) -> str:
+        return "+".join(self.nodes[i].name for i in g.members)
+
+    def _group_succs(self, g: int) -> set[int]:
+        out: set[int] = set()
+        for i in self.groups[g].members:
+            for s in self.succs[i]:
+                out.add(self.group_of[s])
+        out.discard(g)
+        return out
+
+    def _creates_cycle(self, ga: int, gb: int) -> bool:
+        """True if a path between the two groups passes through a third group."""
+        for src, dst in ((ga, gb), (gb, ga)):
+            stack = [s for s in self._group_succs(src) if s != dst]
+            seen = set(stack)
+            while stack:
+                g = stack.pop()
+                for s in self._group_succs(g):
+                    if s == dst:
+                        return True
+                    if s not in seen:
+                        seen.add(s)
+                        stack.append(s)
+        return False
+
+    def _dependency_conflict(self, members: list[int], space: tuple[tuple, tuple]) -> str | None:
+        """A node reading a buffer written in the same kernel must read exactly where it was
+        written, in kernel variables (so the value is there when it is read)."""
+        placed = {i: self._place(self.nodes[i], space) for i in members}
+        written: dict[str, sympy.Expr] = {}
+        for i in members:
+            node = self.nodes[i]
+            level, body, store = placed[i]
+            if isinstance(node, ir.PointwiseNode) and node.mutates:
+                others = [self.nodes[j] for j in members if j != i]
+                if any(node.mutates in {self._storage(r) for r in o.reads()} for o in others):
+                    return "mutation of a buffer other fused nodes read"
+            for ld in ir.loads(body):
+                if ld.buffer in written:
+                    if sympy.expand(ld.index - written[ld.buffer]) != 0:
+                        return f"{node.name} reads {ld.buffer} at another index than it is written"
+            for out in node.outputs():
+                written[out] = store
+        return None
+
+    def _place(self, node: ir.Node, space: tuple[tuple, tuple]) -> tuple[str, ir.Value, sympy.Expr]:
+        """The node's level in a kernel over ``space``, and its body and store index there."""
+        x, r = space
+        ranges = {**{_x(i): n for i, n in enumerate(x)}, **{_r(i): n for i, n in enumerate(r)}}
+        if isinstance(node, ir.ReductionNode):
+            return "r", _simplify_value(node.body, ranges), simplify_index(node.store_index, ranges)
+        assert isinstance(node, ir.PointwiseNode)
+        if tuple(node.ranges) == tuple(x) or not r:
+            return "x", _simplify_value(node.body, ranges), simplify_index(node.store_index, ranges)
+        mapping = {_x(len(x) + j): _r(j) for j in range(len(r))}
+        body = ir.reindex_value(node.body, mapping)
+        store = node.store_index.xreplace(mapping)
+        return "r", _simplify_value(body, ranges), simplify_index(store, ranges)
+
+    # -- ordering and kernels
+
+    def _topo_order(self) -> list[int]:
+        alive = [g for g, grp in enumerate(self.groups) if grp.alive]
+        indeg = {g: 0 for g in alive}
+        succ = {g: self._group_succs(g) for g in alive}
+        for g in alive:
+            for s in succ[g]:
+                indeg[s] += 1
+        import heapq
+        ready = [(min(self.groups[g].members), g) for g in alive if indeg[g] == 0]
+        heapq.heapify(ready)
+        order: list[int] = []
+        while ready:
+            _, g = heapq.heappop(ready)
+            order.append(g)
+            for s in succ[g]:
+                indeg[s] -= 1
+                if indeg[s] == 0:
+                    heapq.heappush(ready, (min(self.groups[s].members), s))
+        assert len(order) == len(alive), "fusion produced a cycle"
+        return order
+
+    def _make_kernel(self, name: str, group: Group, members: list[ir.Node]) -> Kernel:
+        member_set = set(group.members)
+        outside_reads: set[str] = set()
+        for i, node in enumerate(self.nodes):
+            if i not in member_set:
+                outside_reads |= node.reads()
+                if isinstance(node, ir.ExternNode):
+                    outside_reads |= set(node.aliases)
+        graph_outputs = {o.name for o in self.graph.outputs if o.name}
+        special = members[0] if isinstance(members[0], (ir.ScanNode, ir.ScatterNode)) else None
+        knodes: list[KernelNode] = []
+        if special is None:
+            for node in members:
+                level, body, store = self._place(node, (group.x, group.r))
+                stores = tuple(self._storage(o) for o in node.outputs())
+                knodes.append(KernelNode(node, level, body, store, stores))
+        loops = _loops(knodes)
+        written = {o for n in members for o in n.outputs()}
+        internal = set()
+        for buf in written:
+            if buf in outside_reads or buf in graph_outputs or self._storage(buf) != buf:
+                continue
+            if _local_to_loop(buf, loops):
+                internal.add(buf)
+        knodes = [_resolve_storage(kn, self._storage) for kn in knodes]
+        outputs = sorted({self._storage(b) for b in written} - internal, key=_natural)
+        reads: set[str] = set()
+        for node in members:
+            reads |= {self._storage(r) for r in node.reads()}
+        inputs = sorted(reads - written - set(outputs), key=_natural)
+        symbols: set[sympy.Symbol] = set()
+        exprs = list(group.x) + list(group.r)
+        for kn in knodes:
+            exprs.append(kn.store_index)
+            exprs += [ld.index for ld in ir.loads(kn.body)]
+            exprs += [v.expr for v in ir.walk(kn.body) if isinstance(v, ir.IndexValue)]
+            exprs += [v.size for v in ir.walk(kn.body) if isinstance(v, ir.Indirect)]
+        if special is not None:
+            exprs += _special_exprs(special)
+        for e in exprs:
+            if isinstance(e, sympy.Basic):
+                symbols |= {s for s in e.free_symbols if _is_size_symbol(s)}
+        dtypes = {b: self.graph.buffers[b].layout.dtype for b in
+                  set(inputs) | set(outputs) | internal if b in self.graph.buffers}
+        origins = tuple(dict.fromkeys(o for n in members for o in n.origins))
+        return Kernel(name, tuple(group.x), tuple(group.r), knodes, loops, inputs, outputs, internal,
+                      sorted(symbols, key=lambda s: s.name), dtypes, origins, special)
+
+
+def _special_exprs(node: ir.Node) -> list[sympy.Expr]:
+    out: list[sympy.Expr] = [getattr(node, "store_index")]
+    out += list(getattr(node, "ranges", ()))
+    for attr in ("body", "base", "value"):
+        v = getattr(node, attr, None)
+        if isinstance(v, ir.Value):
+            out += [ld.index for ld in ir.loads(v)]
+            out += [w.expr for w in ir.walk(v) if isinstance(w, ir.IndexValue)]
+            out += [w.size for w in ir.walk(v) if isinstance(w, ir.Indirect)]
+    if isinstance(node, ir.ScanNode):
+        out.append(node.scan_range)
+    if isinstance(node, ir.ScatterNode):
+        out += list(node.src_ranges) + [node.target_index]
+        for ind in node.target_indirect:
+            out += [ld.index for ld in ir.loads(ind)] + [ind.size]
+    return out
+
+
+def _is_size_symbol(s: sympy.Symbol) -> bool:
+    name = s.name
+    return not (name[0] in "xr" and name[1:].isdigit()) and not name.startswith("ind")
+
+
+def _natural(name: str) -> tuple[str, int]:
+    head = name.rstrip("0123456789")
+    tail = name[len(head):]
+    return head, int(tail) if tail else -1
+
+
+def _x(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"x{i}", integer=True, nonnegative=True)
+
+
+def _r(i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
+
+
+def _simplify_value(value: ir.Value, ranges: dict) -> ir.Value:
+    return ir.map_indices(value, lambda e: simplify_index(e, ranges))
+
+
+def _loops(knodes: list[KernelNode]) -> list[Loop]:
+    """Group consecutive same-level nodes into shared loops; a node that reads a reduction
+    result of the current loop starts a new loop (the result is not final until it ends)."""
+    loops: list[Loop] = []
+    for kn in knodes:
+        cur = loops[-1] if loops else None
+        if cur is not None and cur.level == kn.level:
+            reduced = {o for n in cur.nodes if n.is_reduction for o in n.node.outputs()}
+            reads = {ld.buffer for ld in ir.loads(kn.body)}
+            if not (reads & reduced):
+                cur.nodes.append(kn)
+                continue
+        loops.append(Loop(kn.level, [kn]))
+    return loops
+
+
+def _local_to_loop(buf: str, loops: list[Loop]) -> bool:
+    """A buffer can stay out of memory if it is written at x level (one value per x point), or
+    if every reader sits in the loop that writes it."""
+    for li, loop in enumerate(loops):
+        for kn in loop.nodes:
+            if buf in kn.node.outputs():
+                if loop.level == "x" or kn.is_reduction:
+                    return True
+                return all(buf not in {ld.buffer for ld in ir.loads(other.body)}
+                           for lj, other_loop in enumerate(loops) if lj != li
+                           for other in other_loop.nodes)
+    return False
+
+
+def _resolve_storage(kn: KernelNode, storage: object) -> KernelNode:
+    def fix(ld: ir.Load) -> ir.Value | None:
+        target = storage(ld.buffer)  # type: ignore[operator]
+        if target != ld.buffer:
+            import dataclasses
+            return dataclasses.replace(ld, buffer=target)
+        return None
+    body = ir.replace_loads(kn.body, fix)
+    return KernelNode(kn.node, kn.level, body, kn.store_index, kn.stores)
+
+
+def schedule(graph: LoweredGraph, policies: dict[str, FusionPolicy]) -> Schedule:
+    return Scheduler(graph, policies).run()
+
+
+__all__ = ["schedule", "Schedule", "FusionDecision", "FusionPolicy", "itertools"]

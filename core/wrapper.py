@@ -1,0 +1,157 @@
+"""Wrapper codegen: the Python host function that binds sizes, allocates as the memory plan
+says, launches kernels (each line written by the kernel's device backend), calls ATen for
+extern nodes, and returns the outputs. Device-neutral."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import sympy
+import torch
+
+from . import ir
+from .graph import LoweredGraph
+from .kernel import Kernel
+from .memory import MemoryPlan
+from .sdk.codewriter import CodeWriter
+from .symbolic import ExprPrinter
+
+
+class PyPrinter(ExprPrinter):
+    def minimum(self, args: list[str]) -> str:
+        return f"min({', '.join(args)})"
+
+
+PY = PyPrinter()
+
+
+def py(e: Any) -> str:
+    return PY.print(sympy.sympify(e))
+
+
+@dataclass
+class Wrapper:
+    source: str
+    namespace: dict[str, Any]
+
+    def build(self) -> Callable[[list[Any]], Any]:
+        code = compile(self.source, "<coil-wrapper>", "exec")
+        exec(code, self.namespace)
+        return self.namespace["call"]
+
+
+class WrapperWriter:
+    def __init__(self, graph: LoweredGraph, steps: Sequence[object], plan: MemoryPlan,
+                 launchers: dict[str, tuple[Any, str]]) -> None:
+        """``launchers``: kernel name -> (device backend, namespace var of its compiled module)."""
+        self.graph = graph
+        self.steps = steps
+        self.plan = plan
+        self.launchers = launchers
+        self.ns: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+                                   "as_strided": torch.as_strided}
+        self.w = CodeWriter()
+        self.bound: set[str] = set()
+
+    def const(self, value: Any) -> str:
+        if isinstance(value, bool) or value is None:
+            return repr(value)
+        if isinstance(value, int) or isinstance(value, str):
+            return repr(value)
+        if isinstance(value, float) and value == value and abs(value) != float("inf"):
+            return repr(value)
+        if isinstance(value, torch.SymInt):
+            return py(value.node.expr)
+        if isinstance(value, sympy.Basic):
+            return py(value)
+        name = f"c{len(self.ns)}"
+        self.ns[name] = value
+        return name
+
+    def storage(self, name: str) -> str:
+        buf = self.graph.buffers.get(name)
+        return buf.storage if buf is not None and buf.storage else name
+
+    def view(self, name: str, layout: ir.Layout) -> str:
+        name = self.storage(name)
+        own = self.graph.buffers[name].layout
+        if (layout.size, layout.stride, layout.offset) == (own.size, own.stride, own.offset):
+            return name
+        size = ", ".join(py(s) for s in layout.size)
+        stride = ", ".join(py(s) for s in layout.stride)
+        return (f"as_strided({name}, ({size}{',' if len(layout.size) == 1 else ''}), "
+                f"({stride}{',' if len(layout.stride) == 1 else ''}), "
+                f"{name}.storage_offset() + {py(layout.offset)})")
+
+    def arg(self, value: Any) -> str:
+        if isinstance(value, ir.BufferRef):
+            return self.view(value.name, value.layout)
+        if isinstance(value, list):
+            return "[" + ", ".join(self.arg(v) for v in value) + "]"
+        if isinstance(value, tuple):
+            return "(" + ", ".join(self.arg(v) for v in value) + ("," if len(value) == 1 else "") + ")"
+        return self.const(value)
+
+    def write(self) -> Wrapper:
+        with self.w.block("def call(args):"):
+            self._bind_inputs()
+            for i, step in enumerate(self.steps):
+                for alloc in self.plan.allocs[i]:
+                    self._alloc(alloc)
+                if isinstance(step, Kernel):
+                    backend, module_var = self.launchers[step.name]
+                    self.w.line(backend.call_line(module_var, step, step.args))
+                else:
+                    self._extern(step, i)  # type: ignore[arg-type]
+                for name in self.plan.frees[i]:
+                    self.w.line(f"del {name}")
+            outs = [self._output(o) for o in self.graph.outputs]
+            self.w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        return Wrapper(self.w.text(), self.ns)
+
+    def _bind_inputs(self) -> None:
+        names = [inp.name or f"sym{inp.position}" for inp in self.graph.inputs]
+        if names:
+            self.w.line(f"{', '.join(names)}{',' if len(names) == 1 else ''} = args")
+        self.w.line("args.clear()")
+        for symbol, (pos, kind, dim) in sorted(self.graph.symbol_sources.items(), key=lambda kv: kv[0].name):
+            src = names[pos]
+            expr = src if kind == "value" else f"{src}.{'size' if kind == 'size' else 'stride'}({dim})"
+            self.w.line(f"{symbol.name} = {expr}")
+            self.bound.add(symbol.name)
+
+    def _alloc(self, alloc: Any) -> None:
+        lay = alloc.layout
+        size = ", ".join(py(s) for s in lay.size)
+        stride = ", ".join(py(s) for s in lay.stride)
+        comma = "," if len(lay.size) == 1 else ""
+        if alloc.reuse:
+            self.w.line(f"{alloc.name} = as_strided({alloc.reuse}, ({size}{comma}), ({stride}{comma}), 0)"
+                        f"  # reuses {alloc.reuse}")
+            return
+        dev = self.const(lay.device)
+        self.w.line(f"{alloc.name} = empty_strided(({size}{comma}), ({stride}{comma}), "
+                    f"dtype={self.const(lay.dtype)}, device={dev})")
+
+    def _extern(self, node: ir.ExternNode, i: int) -> None:
+        op = self.const(node.op)
+        args = [self.arg(a) for a in node.args] + [f"{k}={self.arg(v)}" for k, v in node.kwargs.items()]
+        call = f"{op}({', '.join(args)})"
+        if len(node.output_names) == 1 and node.output_paths[0] == ():
+            self.w.line(f"{node.output_names[0]} = {call}")
+        else:
+            self.w.line(f"r_{node.name} = {call}")
+            for name, path in zip(node.output_names, node.output_paths):
+                self.w.line(f"{name} = r_{node.name}{''.join(f'[{p}]' for p in path)}")
+        for name, layout in zip(node.output_names, node.output_layouts):
+            for dim, n in enumerate(layout.size if layout else ()):
+                if isinstance(n, sympy.Symbol) and n.name not in self.bound:
+                    self.w.line(f"{n.name} = {name}.size({dim})")
+                    self.bound.add(n.name)
+
+    def _output(self, out: Any) -> str:
+        if out.name is not None:
+            return self.view(out.name, out.layout)
+        if out.expr is not None:
+            return py(out.expr)
+        return self.const(out.constant)

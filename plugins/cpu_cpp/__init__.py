@@ -1,0 +1,21 @@
+"""Coil's reference CPU plugin: C++17 kernels with OpenMP threads and SIMD loops.
+
+Registered through the ``coil.plugins`` entry point like any vendor plugin; imports only
+``coil.sdk``."""
+from __future__ import annotations
+
+import coil.sdk as sdk
+
+from .backend import CppBackend
+
+__version__ = "0.1.0"
+
+
+@sdk.hookimpl
+def coil_api_version() -> str:
+    return "0.1.0"
+
+
+@sdk.hookimpl
+def coil_device_backends() -> list[sdk.DeviceBackend]:
+    return [CppBackend()]

@@ -1,0 +1,66 @@
+"""The C++/OpenMP device backend: all kernels of a graph in one translation unit, compiled by
+the system compiler, loaded through cffi, launched with raw data pointers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import coil.sdk as sdk
+
+from . import toolchain
+from .codegen import KernelWriter, declare_reduction
+
+
+@dataclass
+class CompiledModule:
+    lib: Any
+    path: str
+    sources: dict[str, str]
+    source: str
+
+
+class CppScheduling(sdk.Scheduling):
+    max_fusion_size = 64
+
+
+class CppBackend(sdk.DeviceBackend):
+    device_type = "cpu"
+    name = "cpu_cpp"
+    scheduling = CppScheduling()
+
+    def __init__(self) -> None:
+        import os
+        self.capabilities = sdk.Capabilities(vector_width=16, compiler=os.environ.get("CXX", "g++"))
+
+    def generate(self, kernels: Sequence[sdk.Kernel]) -> tuple[str, list[str], dict[str, str]]:
+        bodies: list[str] = []
+        decls: list[str] = []
+        per_kernel: dict[str, str] = {}
+        reductions: set[str] = set()
+        for k in kernels:
+            writer = KernelWriter(k, k.name)
+            text, decl = writer.generate()
+            bodies.append(text)
+            decls.append(decl)
+            per_kernel[k.name] = text
+            reductions |= writer.reductions_used
+        udrs = [d for d in (declare_reduction(c) for c in sorted(reductions)) if d]
+        source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>", *udrs, "", *bodies])
+        return source, decls, per_kernel
+
+    def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
+        import cffi
+        source, decls, per_kernel = self.generate(kernels)
+        path = toolchain.library_for(source)
+        ffi = cffi.FFI()
+        ffi.cdef("\n".join(decls))
+        lib = ffi.dlopen(str(path))
+        return CompiledModule(lib, str(path), per_kernel, source)
+
+    def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
+        n_buffers = len(kernel.inputs) + len(kernel.outputs)
+        parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])
+        return f"{module_var}.lib.{kernel.name}({', '.join(parts)})"
+
+    def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
+        return compiled.sources.get(kernel.name, "")
