@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import config
+
 __version__ = "0.1.0"
 
 __all__ = ["compile_fx", "explain", "register_backend_for_device", "config", "__version__"]
@@ -18,12 +20,9 @@ def __getattr__(name: str) -> Any:
         from .backend import compile_fx
         return compile_fx
     if name == "explain":
-        from .explain import explain
+        from .report import explain
         return explain
     if name == "register_backend_for_device":
         from .plugins import register_backend_for_device
         return register_backend_for_device
-    if name == "config":
-        from . import config
-        return config
     raise AttributeError(name)

@@ -40,8 +40,11 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     for key, value in config_mod.validated(options).items():
         setattr(cfg, key, value)
 
+    @torch._disable_dynamo
     def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
-        fn = compile_graph(graph, inputs, cfg, kind)
+        # Dynamo must not trace Coil itself (the backward graph compiles lazily, possibly
+        # while a compiled frame runs), nor the wrapper it returns.
+        fn = torch._disable_dynamo(compile_graph(graph, inputs, cfg, kind))
         fn._boxed_call = True  # the wrapper takes the argument list (AOTAutograd's boxed convention)
         return fn
 

@@ -92,7 +92,7 @@ def _hint_fn(example_inputs: Sequence[Any]) -> Callable[[sympy.Expr], int]:
             return int(e)
         if shape_env is not None:
             try:
-                return int(e.xreplace(shape_env.var_to_val))
+                return int(e.xreplace(getattr(shape_env, "backed_var_to_val", None) or shape_env.var_to_val))
             except (TypeError, ValueError):
                 pass
         return int(e.xreplace({s: 64 for s in e.free_symbols}))
@@ -117,8 +117,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     _name_kernels(kernels)
     t2 = time.perf_counter()
     stages["schedule"] = t2 - t1
-    keep = {o.name for o in lowered.outputs if o.name} | {i.name for i in lowered.inputs if i.name}
-    plan = plan_memory(sched.steps, lowered.buffers, keep, _hint_fn(example_inputs))
+    keep = {o.name for o in lowered.outputs if o.name}
+    inputs = {i.name for i in lowered.inputs if i.name}
+    plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs))
     by_device: dict[str, list[Kernel]] = {}
     for k in kernels:
         by_device.setdefault(_kernel_device(k, lowered), []).append(k)
@@ -183,7 +184,7 @@ def _dump(report: GraphReport, folder: str, modules: dict[str, tuple[Any, Any]])
             (path / f"kernels_{device_type}.txt").write_text(source)
     lines = [f"{'FUSED  ' if d.fused else 'REFUSED'} {d.a} + {d.b}: {d.reason}" for d in report.decisions]
     (path / "fusion.txt").write_text("\n".join(lines) + "\n")
-    from .explain import format_graph
+    from .report import format_graph
     (path / "report.txt").write_text(format_graph(report))
     os.environ.get("COIL_DEBUG_DIR")  # the knob's variable, documented in config
 

@@ -45,8 +45,10 @@ def step_writes(step: object) -> list[str]:
 
 
 def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: set[str],
-                hint: Callable[[sympy.Expr], int]) -> MemoryPlan:
-    """``keep``: buffers that must survive the call (graph outputs and inputs)."""
+                inputs: set[str], hint: Callable[[sympy.Expr], int]) -> MemoryPlan:
+    """``keep``: buffers that must survive the call (graph outputs); ``inputs``: the graph's
+    input buffers (never allocated, never freed)."""
+    keep = keep | inputs
     last_use: dict[str, int] = {}
     aliases_of: dict[str, set[str]] = {}
     for i, step in enumerate(steps):
@@ -79,7 +81,7 @@ def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: se
     for i, step in enumerate(steps):
         for name in step_writes(step):
             buf = buffers.get(name)
-            if buf is None or buf.storage:
+            if buf is None or buf.storage or name in inputs:
                 continue
             if isinstance(step, Kernel):
                 k = key(buf.layout)

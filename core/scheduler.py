@@ -109,22 +109,19 @@ class Scheduler:
 
     def _build_deps(self) -> None:
         writer: dict[str, int] = {}
-        readers_of_storage: dict[str, list[int]] = {}
         self.preds: list[set[int]] = [set() for _ in self.nodes]
+        readers_of_old: dict[str, set[int]] = {}
+        for i, node in enumerate(self.nodes):
+            for name in node.reads():
+                readers_of_old.setdefault(name, set()).add(i)
         for i, node in enumerate(self.nodes):
             for name in node.reads():
                 if name in writer:
                     self.preds[i].add(writer[name])
-                storage = self._storage(name)
-                readers_of_storage.setdefault(storage, []).append(i)
-                if storage in writer and storage != name:
-                    self.preds[i].add(writer[storage])
             if isinstance(node, ir.PointwiseNode) and node.mutates:
-                # write-after-read: every earlier reader of the old value goes first
-                for r in readers_of_storage.get(node.mutates, []):
-                    if r != i:
-                        self.preds[i].add(r)
-                writer[node.mutates] = i
+                # every node that reads the value before mutation (by the storage's own
+                # name) runs first, wherever the lowering placed it
+                self.preds[i] |= readers_of_old.get(node.mutates, set()) - {i}
             for out in node.outputs():
                 writer[out] = i
         self.succs: list[set[int]] = [set() for _ in self.nodes]

@@ -340,3 +340,29 @@ def _diagonal(ctx: LoweringContext, x: TensorValue, offset: int = 0, dim1: int =
     size = [x.size[d] for d in keep] + [sympy.Integer(length)]
     stride = [st[d] for d in keep] + [st[d1] + st[d2]]
     return _with_layout(x, size, stride, base)
+
+
+@lowering(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(ctx: LoweringContext, x: TensorValue, sizes: Any, dim: int = 0) -> list[TensorValue]:
+    dim = dim % x.ndim
+    n = x.size[dim]
+    if isinstance(sizes, (int, torch.SymInt)):
+        chunk = to_sympy(sizes)
+        if not n.is_number or not chunk.is_number:
+            raise LoweringError(ctx.origin, "split of a symbolic size")
+        sizes = [min(int(chunk), int(n) - s) for s in range(0, int(n), int(chunk))] or [0]
+    out: list[TensorValue] = []
+    start: Expr = sympy.Integer(0)
+    for s in sizes:
+        end = start + to_sympy(s)
+        out.append(slice_dim(x, dim, start, end, 1))
+        start = end
+    return out
+
+
+@lowering(aten.unbind.int)
+def _unbind(ctx: LoweringContext, x: TensorValue, dim: int = 0) -> list[TensorValue]:
+    dim = dim % x.ndim
+    if not x.size[dim].is_number:
+        raise LoweringError(ctx.origin, "unbind of a symbolic size")
+    return [select(x, dim, i) for i in range(int(x.size[dim]))]

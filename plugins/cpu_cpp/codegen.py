@@ -20,6 +20,9 @@ SMALL_X = 32
 
 
 class CppPrinter(ExprPrinter):
+    def floordiv(self, a: str, b: str) -> str:
+        return f"({a} / {b})"
+
     def integer(self, value: int) -> str:
         return f"INT64_C({value})" if abs(value) > 2**31 - 1 else str(value)
 
@@ -242,7 +245,7 @@ class KernelWriter:
             self.w.line("}")
         for kn, acc, spec in accs:
             for out, expr in zip(kn.node.outputs(), spec.result):
-                self._store(out, kn.store_index, expr.format(acc=acc), self.k.dtypes.get(out), kn.node)
+                self._store(out, kn.store_index, expr.format(acc=acc), kn.node.layout.dtype, kn.node)
 
     def _flat_r(self) -> str:
         flat: sympy.Expr = sympy.Integer(0)
@@ -255,7 +258,7 @@ class KernelWriter:
     def _emit_nodes(self, nodes: list[KernelNode], scope: Scope) -> None:
         for kn in nodes:
             v = self._value(kn.body, scope)
-            self._store(kn.node.outputs()[0], kn.store_index, v, self.k.dtypes.get(kn.node.outputs()[0]), kn.node,
+            self._store(kn.node.outputs()[0], kn.store_index, v, kn.node.layout.dtype, kn.node,
                         store_name=kn.stores[0])
 
     def _store(self, buf: str, index: sympy.Expr, value: str, dtype: object, node: object,

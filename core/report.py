@@ -1,4 +1,4 @@
-"""``coil.explain(fn, *args)``: compile ``fn`` with Coil, run it once, and report what Coil
+"""Reports: ``coil.explain(fn, *args)``: compile ``fn`` with Coil, run it once, and report what Coil
 did — kernels (device, name, source, fused ATen ops), ops that fell back to ATen, planned
 peak memory, and compile seconds by stage — as text for people and fields for tests."""
 from __future__ import annotations
