@@ -161,6 +161,12 @@ def _kernel_device(k: Kernel, graph: LoweredGraph) -> str:
     return node.device.type
 
 
+#: Ops left out of kernel names (they move no data once fused).
+_DATA_MOVEMENT = {"view", "unsafe_view", "permute", "expand", "clone", "unsqueeze", "squeeze", "alias",
+                  "split_with_sizes", "split", "slice", "select", "t", "transpose", "to_copy",
+                  "scalar_tensor", "full", "full_like"}
+
+
 def _name_kernels(kernels: list[Kernel]) -> None:
     """Kernel names say what they fuse: ``k3_amax_sub_exp_sum_div``."""
     for i, k in enumerate(kernels):
@@ -168,7 +174,7 @@ def _name_kernels(kernels: list[Kernel]) -> None:
         for origin in k.origins:
             short = origin.split(".")[1] if origin.startswith("aten.") else origin
             short = short.strip("_")
-            if short not in ops:
+            if short not in ops and short not in _DATA_MOVEMENT:
                 ops.append(short)
         suffix = "_".join(ops)[:48].rstrip("_")
         k.name = f"k{i}_{suffix}" if suffix else f"k{i}"

@@ -149,8 +149,8 @@ class GraphLowering:
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
         fn = None if node.target in LIBRARY_OPS else self.registry.lookup(node.target, device_type)
         result: Any = None
+        mark = len(self.ctx.nodes)
         if fn is not None:
-            mark = len(self.ctx.nodes)
             try:
                 result = fn(self.ctx, *args, **kwargs)
             except (LoweringError, NotImplementedError, TypeError, AssertionError) as exc:
@@ -162,7 +162,22 @@ class GraphLowering:
             kind = "library" if node.target in LIBRARY_OPS else "fallback"
             reason = "by design" if kind == "library" else "no lowering"
             result = self._fallback(node, args, kwargs, kind, reason)
+        self._track_origins(args, kwargs, result, mark)
         return self._maybe_realize(node, result)
+
+    def _track_origins(self, args: Any, kwargs: Any, result: Any, mark: int) -> None:
+        """Lazy results and new nodes remember every ATen op inlined into them."""
+        inlined: list[str] = []
+        for a in ir._flatten(list(args) + list(kwargs.values())):
+            if isinstance(a, Lazy):
+                inlined.extend(a.origins)
+        origins = tuple(dict.fromkeys([*inlined, self.ctx.origin]))
+        for value in ir._flatten(result if isinstance(result, (list, tuple)) else [result]):
+            if isinstance(value, Lazy):
+                value.origins = tuple(dict.fromkeys([*value.origins, *origins]))
+        for new in self.ctx.nodes[mark:]:
+            if not isinstance(new, ir.ExternNode):
+                new.origins = tuple(dict.fromkeys([*inlined, *new.origins]))
 
     def _maybe_realize(self, node: torch.fx.Node, result: Any) -> Any:
         if isinstance(result, Lazy):

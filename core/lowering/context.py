@@ -52,6 +52,11 @@ class LoweringContext:
         if isinstance(value, Realized):
             return value
         assert isinstance(value, Lazy), value
+        if value.view_of is not None and layout is None:
+            base, rebuild = value.view_of
+            view = rebuild(self.realize(base))
+            if isinstance(view, Realized):
+                return view
         if layout is None or tuple(layout.size) != tuple(value.size) or layout.dtype != value.dtype:
             layout = Layout(value.dtype, value.device, tuple(value.size),
                             ir.contiguous_strides(value.size))
@@ -60,7 +65,8 @@ class LoweringContext:
         body = value.load(idx)
         self.add_buffer(name, layout)
         self.add_node(ir.PointwiseNode(
-            name, layout=layout, ranges=ranges, body=body, store_index=layout.index(idx)))
+            name, layout=layout, ranges=ranges, body=body, store_index=layout.index(idx),
+            origins=value.origins))
         return Realized(value.dtype, value.device, tuple(value.size), name, layout)
 
 

@@ -31,6 +31,11 @@ class Lazy(TensorValue):
     """A pointwise body not yet written to memory; users inline it."""
 
     fn: Callable[[list[Expr]], Value]
+    #: The ATen ops whose bodies this value inlines (for kernel names and reports).
+    origins: tuple[str, ...] = ()
+    #: For a view of another value: (base, rebuild). Realizing writes the base and views it
+    #: again with ``rebuild(realized_base)``, so the buffer keeps the base's loop structure.
+    view_of: "tuple[TensorValue, Callable[[TensorValue], TensorValue]] | None" = None
 
     def load(self, idx: Sequence[Expr]) -> Value:
         return self.fn(list(idx))

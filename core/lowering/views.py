@@ -3,7 +3,7 @@ express stays a ``Realized`` value over the same storage (no copy, and ATen can 
 it directly); any other view becomes a ``Lazy`` value whose loads remap their indices."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -14,7 +14,7 @@ from ..ir import Expr, Layout
 from ..symbolic import FloorDiv, ModIdx
 from .context import LoweringContext
 from .registry import lowering
-from .values import Realized, TensorValue, broadcast_to, lazy, to_sympy
+from .values import Lazy, Realized, TensorValue, broadcast_to, lazy, to_sympy
 
 aten = torch.ops.aten
 
@@ -28,8 +28,13 @@ def _with_layout(v: Realized, size: Sequence[Expr], stride: Sequence[Expr], offs
     return Realized(v.dtype, v.device, tuple(size), v.name, layout)
 
 
-def _remap(v: TensorValue, size: Sequence[Expr], index_map: Any) -> TensorValue:
-    return lazy(v.dtype, v.device, size, lambda idx: v.load(index_map(idx)))
+def _remap(v: TensorValue, size: Sequence[Expr], index_map: Any,
+           rebuild: Callable[[TensorValue], TensorValue] | None = None) -> TensorValue:
+    out = lazy(v.dtype, v.device, size, lambda idx: v.load(index_map(idx)))
+    if rebuild is not None and isinstance(v, Lazy):
+        out.view_of = (v, rebuild)
+        out.origins = v.origins
+    return out
 
 
 def permute(v: TensorValue, dims: Sequence[int]) -> TensorValue:
@@ -45,7 +50,7 @@ def permute(v: TensorValue, dims: Sequence[int]) -> TensorValue:
             src[d] = idx[out_pos]
         return src
 
-    return _remap(v, size, index_map)
+    return _remap(v, size, index_map, lambda b: permute(b, dims))
 
 
 def expand(v: TensorValue, size: Sequence[Any]) -> TensorValue:
@@ -78,7 +83,7 @@ def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int) -> Tens
         src[dim] = lo + idx[dim] * step
         return src
 
-    return _remap(v, size, index_map)
+    return _remap(v, size, index_map, lambda b: slice_dim(b, dim, start, end, step))
 
 
 def _clamp_bounds(n: Expr, start: Any, end: Any) -> tuple[Expr, Expr]:
@@ -120,7 +125,7 @@ def select(v: TensorValue, dim: int, index: Any) -> TensorValue:
     def index_map(idx: list[Expr]) -> list[Expr]:
         return list(idx[:dim]) + [i] + list(idx[dim:])
 
-    return _remap(v, size, index_map)
+    return _remap(v, size, index_map, lambda b: select(b, dim, index))
 
 
 def unsqueeze(v: TensorValue, dim: int) -> TensorValue:
@@ -131,7 +136,7 @@ def unsqueeze(v: TensorValue, dim: int) -> TensorValue:
         inner = st[dim] * v.size[dim] if dim < v.ndim else sympy.Integer(1)
         stride = list(st[:dim]) + [inner] + list(st[dim:])
         return _with_layout(v, size, stride, v.layout.offset)
-    return _remap(v, size, lambda idx: list(idx[:dim]) + list(idx[dim + 1:]))
+    return _remap(v, size, lambda idx: list(idx[:dim]) + list(idx[dim + 1:]), lambda b: unsqueeze(b, dim))
 
 
 def squeeze(v: TensorValue, dims: Sequence[int] | None) -> TensorValue:
@@ -149,7 +154,7 @@ def squeeze(v: TensorValue, dims: Sequence[int] | None) -> TensorValue:
             src[d] = idx[pos]
         return src
 
-    return _remap(v, size, index_map)
+    return _remap(v, size, index_map, lambda b: squeeze(b, dims))
 
 
 def _groups(old: Sequence[Expr], new: Sequence[Expr]) -> list[tuple[list[int], list[int]]] | None:
@@ -222,7 +227,7 @@ def reshape(v: TensorValue, shape: Sequence[Any]) -> TensorValue:
                 src[i] = q if first_live else ModIdx(q, old[i])
         return src
 
-    return _remap(v, new, index_map)
+    return _remap(v, new, index_map, lambda b: reshape(b, shape))
 
 
 def _div_all(flat: Expr, old: Sequence[Expr], group: Sequence[int], dim: int) -> Expr:

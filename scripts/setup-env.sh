@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Creates (once) the virtual environment .venv with Coil and its pinned dependencies.
+# Idempotent: a second run only re-installs Coil itself (editable, so it is quick).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "coil: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch, triton, sys; sys.exit(0 if torch.__version__.startswith('2.13.0') and triton.__version__ == '3.6.0' else 1)" 2>/dev/null; then
+  echo "coil: installing torch==2.13.0 and triton==3.6.0" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Sets up the environment if needed, then runs Coil's test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup-env.sh
+exec .venv/bin/python -m pytest -q "$@"
