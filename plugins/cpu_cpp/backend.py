@@ -45,7 +45,8 @@ class CppBackend(sdk.DeviceBackend):
             per_kernel[k.name] = text
             reductions |= writer.reductions_used
         udrs = [d for d in (declare_reduction(c) for c in sorted(reductions)) if d]
-        source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>", *udrs, "", *bodies])
+        source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
+                            toolchain.vector_math_prelude(), *udrs, "", *bodies])
         return source, decls, per_kernel
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:

@@ -52,6 +52,39 @@ def cpu_id() -> str:
     return platform.machine() + hashlib.sha256(model.encode()).hexdigest()[:16]
 
 
+#: glibc's libmvec: the vector variants of libm functions, by the glibc version that added them.
+_LIBMVEC = {
+    (2, 22): [("exp", 1), ("log", 1), ("sin", 1), ("cos", 1), ("pow", 2)],
+    (2, 35): [("acos", 1), ("acosh", 1), ("asin", 1), ("asinh", 1), ("atan", 1), ("atan2", 2),
+              ("atanh", 1), ("cbrt", 1), ("cosh", 1), ("erf", 1), ("erfc", 1), ("exp10", 1),
+              ("exp2", 1), ("expm1", 1), ("hypot", 2), ("log10", 1), ("log1p", 1), ("log2", 1),
+              ("sinh", 1), ("tan", 1), ("tanh", 1)],
+}
+
+
+@functools.lru_cache(maxsize=None)
+def vector_math_prelude() -> str:
+    """Declarations that let ``omp simd`` loops call glibc's vector math (libmvec), so
+    ``std::exp`` and friends vectorise; empty where libmvec is not there."""
+    if platform.machine() != "x86_64":
+        return ""
+    try:
+        version = tuple(int(p) for p in os.confstr("CS_GNU_LIBC_VERSION").split()[1].split(".")[:2])
+    except (ValueError, OSError, IndexError, AttributeError):
+        return ""
+    lines = ['extern "C" {']
+    for since, fns in _LIBMVEC.items():
+        if version < since:
+            continue
+        for name, arity in fns:
+            for ctype, suffix in (("float", "f"), ("double", "")):
+                params = ", ".join([ctype] * arity)
+                lines.append("#pragma omp declare simd notinbranch")
+                lines.append(f"{ctype} {name}{suffix}({params}) noexcept;")
+    lines.append("}")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 def library_for(source: str) -> Path:
     """Path of the compiled library for ``source``, compiling it if the cache lacks it."""
     cxx = compiler()
@@ -67,7 +100,7 @@ def library_for(source: str) -> Path:
     _write_atomic(src, source)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{HEADER.parent}", str(src), "-o", tmp]
+    cmd = [cxx, *FLAGS, f"-I{HEADER.parent}", str(src), "-o", tmp, "-lm"]
     log.debug("compiling %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
