@@ -574,8 +574,14 @@ def _graph_break_summary() -> tuple[int, str]:
     """Graph breaks Dynamo recorded since its counters were cleared, and the first reason."""
     breaks = _dynamo_counters().get("graph_break", {})
     total = int(sum(breaks.values()))
-    first = _one_line(next(iter(breaks), ""), 160)
-    return total, first
+    message = str(next(iter(breaks), ""))
+    first = _one_line(message, 120)
+    context = next(
+        (ln.strip() for ln in message.splitlines() if "debug context:" in ln.lower()), ""
+    )
+    if context:
+        first += " -- " + context.split(":", 1)[1].strip()
+    return total, _one_line(first)
 
 
 def _call_unseeded(op: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,50 @@
+"""Unit tests of index arithmetic: FloorDiv/ModIdx folding, range-based simplification, printing."""
+
+from __future__ import annotations
+
+import sympy
+from hypothesis import given, strategies as st
+
+from coil.symbolic import ExprPrinter, FloorDiv, ModIdx, simplify_index, sym
+
+x0, x1, s0 = sym("x0"), sym("x1"), sym("s0")
+
+
+def test_constant_folding():
+    assert FloorDiv(sympy.Integer(7), sympy.Integer(2)) == 3
+    assert ModIdx(sympy.Integer(7), sympy.Integer(2)) == 1
+    assert FloorDiv(x0, sympy.Integer(1)) == x0
+    assert ModIdx(x0, sympy.Integer(1)) == 0
+
+
+def test_simplify_with_ranges():
+    ranges = {x0: sym("s1"), x1: s0}
+    assert simplify_index(FloorDiv(x0 * s0 + x1, s0), ranges) == x0
+    assert simplify_index(ModIdx(x0 * s0 + x1, s0), ranges) == x1
+    # not provable: x1 may reach 2*s0
+    assert simplify_index(FloorDiv(x0 * s0 + x1, s0), {x0: 4, x1: 2 * s0}).has(FloorDiv)
+
+
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6))
+def test_simplified_index_agrees_numerically(a, b, c):
+    ranges = {x0: a, x1: b * c}
+    flat = x0 * b * c + x1
+    exprs = [FloorDiv(flat, b * c), ModIdx(flat, b * c), FloorDiv(ModIdx(flat, b * c), c)]
+    for e in exprs:
+        s = simplify_index(e, ranges)
+        for i in range(a):
+            for j in range(b * c):
+                want = _evaluate(e, {x0: i, x1: j})
+                assert _evaluate(s, {x0: i, x1: j}) == want
+
+
+def _evaluate(e, env):
+    e = e.xreplace({k: sympy.Integer(v) for k, v in env.items()})
+    return int(
+        e.replace(FloorDiv, lambda a, b: sympy.floor(a / b)).replace(ModIdx, lambda a, b: a % b)
+    )
+
+
+def test_printer():
+    text = ExprPrinter().print(FloorDiv(x0, 4) * 3 + ModIdx(x1, s0) - 2)
+    assert text == "(-2 + 3*(x0 // 4) + (x1 % s0))"
