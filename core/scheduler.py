@@ -4,7 +4,6 @@ order of the resulting steps. The device's ``Scheduling`` (from its plugin) can 
 and bounds the kernel size; every refusal is recorded with its reason."""
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -426,4 +425,4 @@ def schedule(graph: LoweredGraph, policies: dict[str, FusionPolicy]) -> Schedule
     return Scheduler(graph, policies).run()
 
 
-__all__ = ["schedule", "Schedule", "FusionDecision", "FusionPolicy", "itertools"]
+__all__ = ["schedule", "Schedule", "FusionDecision", "FusionPolicy"]

@@ -12,9 +12,9 @@ from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
 from .context import LoweringContext, layout_from_meta
-from .pointwise import check_dtype, compute_dtype
+from .pointwise import check_dtype
 from .registry import lowering
-from .values import Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy, to_sympy
+from .values import Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
 
 aten = torch.ops.aten
 
@@ -211,4 +211,4 @@ def _index_put(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorVal
     return _scatter_node(ctx, x, src_size, target, vals.load, "add" if accumulate else None)
 
 
-__all__ = ["indirect", "load_indirect", "compute_dtype", "to_sympy"]
+__all__ = ["indirect", "load_indirect"]

@@ -14,7 +14,7 @@ from ..ir import Expr, Layout
 from .context import LoweringContext, layout_from_meta
 from .pointwise import check_dtype, compute_dtype, pointwise
 from .registry import lowering
-from .values import Lazy, Realized, TensorValue, cast, lazy, to_dtype
+from .values import Realized, TensorValue, cast, lazy, to_dtype
 
 aten = torch.ops.aten
 
@@ -213,4 +213,4 @@ def _std(ctx: LoweringContext, x: TensorValue, dim: Any = None, *, correction: A
     return pointwise("sqrt", [var], var.dtype)
 
 
-__all__ = ["reduce", "acc_dtype_for", "Lazy"]
+__all__ = ["reduce", "acc_dtype_for"]
