@@ -269,3 +269,10 @@ def test_debug_dir_dumps_sources(tmp_path, monkeypatch):
     dumped = list(tmp_path.glob("graph*/"))
     assert dumped
     assert (dumped[0] / "wrapper.py").exists() and (dumped[0] / "fusion.txt").exists()
+
+
+def test_flip_repeat_slice_scatter():
+    x = torch.randn(5, 6)
+    r = check(lambda x: (x.flip(0, 1) * 2, x.repeat(2, 1, 3) + 1), x)
+    r2 = check(lambda x, s: torch.slice_scatter(x, s, 1, 2, 4), x, torch.randn(5, 2))
+    assert not r.fallbacks and not r2.fallbacks

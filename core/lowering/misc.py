@@ -250,3 +250,26 @@ def _scan(ctx: LoweringContext, x: TensorValue, dim: int, *, dtype: torch.dtype 
 
 
 __all__ = ["constant", "copy_of", "to_dtype"]
+
+
+@lowering(aten.slice_scatter.default)
+def _slice_scatter(ctx: LoweringContext, x: TensorValue, src: TensorValue, dim: int = 0,
+                   start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
+    """``x`` with ``src`` written over ``x[..., start:end, ...]`` (a masked select)."""
+    from .views import _clamp_bounds
+    if step != 1:
+        raise LoweringError(ctx.origin, "slice_scatter with a step")
+    dim = dim % x.ndim
+    lo, _ = _clamp_bounds(x.size[dim], start, end)
+    dtype = x.dtype
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        offset = idx[dim] - lo
+        inside = _in_range(offset, sympy.Integer(0), src.size[dim])
+        src_idx = list(idx)
+        src_idx[dim] = offset
+        body = cast(src.load(src_idx), dtype)
+        masked = ir.Masked(dtype, mask=inside, body=body, other=0)
+        return ir.Op(dtype, name="where", args=(inside, masked, x.load(idx)))
+
+    return lazy(dtype, x.device, x.size, fn)

@@ -371,3 +371,25 @@ def _unbind(ctx: LoweringContext, x: TensorValue, dim: int = 0) -> list[TensorVa
     if not x.size[dim].is_number:
         raise LoweringError(ctx.origin, "unbind of a symbolic size")
     return [select(x, dim, i) for i in range(int(x.size[dim]))]
+
+
+@lowering(aten.flip.default)
+def _flip(ctx: LoweringContext, x: TensorValue, dims: Sequence[int]) -> TensorValue:
+    flipped = {d % x.ndim for d in dims} if x.ndim else set()
+
+    def index_map(idx: list[Expr]) -> list[Expr]:
+        return [x.size[d] - 1 - i if d in flipped else i for d, i in enumerate(idx)]
+
+    return _remap(x, x.size, index_map)
+
+
+@lowering(aten.repeat.default)
+def _repeat(ctx: LoweringContext, x: TensorValue, repeats: Sequence[Any]) -> TensorValue:
+    reps = [to_sympy(r) for r in repeats]
+    lead = len(reps) - x.ndim
+    size = [r * (x.size[d - lead] if d >= lead else 1) for d, r in enumerate(reps)]
+
+    def index_map(idx: list[Expr]) -> list[Expr]:
+        return [ModIdx(idx[d + lead], x.size[d]) for d in range(x.ndim)]
+
+    return _remap(x, size, index_map)
