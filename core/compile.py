@@ -15,6 +15,7 @@ import torch
 
 from . import plugins
 from .config import Config
+from .errors import LoweringError
 from .graph import GraphLowering, LoweredGraph
 from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
@@ -106,7 +107,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     t0 = time.perf_counter()
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
-    lowered = GraphLowering(gm, example_inputs, lowering_registry(), config).run()
+    try:
+        lowered = GraphLowering(gm, example_inputs, lowering_registry(), config).run()
+    except LoweringError as exc:
+        return _eager_graph(gm, kind, exc)
     t1 = time.perf_counter()
     stages["lower"] = t1 - t0
     policies = {dev: b.scheduling for dev, b in reg.backends.items()}
@@ -117,7 +121,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     t2 = time.perf_counter()
     stages["schedule"] = t2 - t1
     keep = {o.name for o in lowered.outputs if o.name}
-    inputs = {i.name for i in lowered.inputs if i.name}
+    inputs = {i.name for i in lowered.inputs if i.name} | set(lowered.constants)
     plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs))
     by_device: dict[str, list[Kernel]] = {}
     for k in kernels:
@@ -153,6 +157,23 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     for obs in list(_observers):
         obs(report)
     return fn
+
+
+def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:
+    """The last resort when a graph holds something Coil cannot even call (say, a node kind
+    it does not know): run the graph as it is, and say so in the report."""
+    log.warning("coil: running a %s graph without compiling it: %s", kind, exc)
+    report = GraphReport(f"graph{next(_graph_ids)}", kind, [],
+                         [FallbackRecord("<whole graph>", str(exc), "fallback")], 0, {}, [], gm.code)
+    for obs in list(_observers):
+        obs(report)
+
+    def call(args: list[Any]) -> Any:
+        values = list(args)
+        args.clear()
+        return gm(*values)
+
+    return call
 
 
 def _kernel_device(k: Kernel, graph: LoweredGraph) -> str:

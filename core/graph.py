@@ -60,11 +60,14 @@ class LoweredGraph:
     fallbacks: list[FallbackRecord]
     #: symbol -> (input position, "size"|"stride"|"value", dim) where its value can be read.
     symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = field(default_factory=dict)
+    #: Tensor constants of the graph (``get_attr``), by buffer name.
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def _target_name(target: Any) -> str:
-    return f"aten.{target._schema.name.split('::')[-1]}.{target._overloadname}" \
-        if hasattr(target, "_schema") else getattr(target, "__name__", str(target))
+    if hasattr(target, "_schema") and hasattr(target, "_overloadname"):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
 
 
 def _should_realize_on_reuse(value: Lazy, users: int, config: Config) -> bool:
@@ -88,6 +91,7 @@ class GraphLowering:
         self.env: dict[torch.fx.Node, Any] = {}
         self.inputs: list[GraphInput] = []
         self.symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = {}
+        self.constants: dict[str, torch.Tensor] = {}
 
     def run(self) -> LoweredGraph:
         position = 0
@@ -105,7 +109,7 @@ class GraphLowering:
             elif node.op == "get_attr":
                 self.env[node] = self._get_attr(node)
         return LoweredGraph(self.inputs, self.ctx.nodes, outputs, self.ctx.buffers,
-                            self.ctx.fallbacks, self.symbol_sources)
+                            self.ctx.fallbacks, self.symbol_sources, self.constants)
 
     # -- placeholders and attributes
 
@@ -134,7 +138,17 @@ class GraphLowering:
         return Realized(example.dtype, example.device, size, name, layout)
 
     def _get_attr(self, node: torch.fx.Node) -> Any:
-        raise LoweringError("get_attr", "graphs with attributes are not supported")
+        """A tensor constant of the graph: a buffer the wrapper holds by name."""
+        value = getattr(self.gm, str(node.target))
+        if not isinstance(value, torch.Tensor):
+            return value
+        name = f"const{len(self.constants)}"
+        self.constants[name] = value
+        size = tuple(sympy.Integer(s) for s in value.size())
+        stride = tuple(sympy.Integer(s) for s in value.stride())
+        layout = Layout(value.dtype, value.device, size, stride, sympy.Integer(0))
+        self.ctx.add_buffer(name, layout)
+        return Realized(value.dtype, value.device, size, name, layout)
 
     # -- calls
 
@@ -148,6 +162,10 @@ class GraphLowering:
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
         fn = None if node.target in LIBRARY_OPS else self.registry.lookup(node.target, device_type)
+        unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)
+        if fn is not None and unsupported is not None:
+            result = self._fallback(node, args, kwargs, "fallback", f"dtype {unsupported}")
+            return self._maybe_realize(node, result)
         result: Any = None
         mark = len(self.ctx.nodes)
         if fn is not None:
@@ -187,8 +205,9 @@ class GraphLowering:
         return result
 
     def _fallback(self, node: torch.fx.Node, args: Any, kwargs: Any, kind: str, reason: str) -> Any:
-        if not callable(node.target) or not hasattr(node.target, "_schema"):
-            raise LoweringError(str(node.target), "not an ATen op; Coil handles ATen graphs only")
+        """Call the op itself at run time, on realized buffers."""
+        if not callable(node.target):
+            raise LoweringError(str(node.target), "not callable")
         self.ctx.fallbacks.append(FallbackRecord(self.ctx.origin, reason, kind))
 
         def to_ref(v: Any) -> Any:
@@ -268,9 +287,20 @@ def _device_type(args: Any, kwargs: Any, meta: Any) -> str | None:
     return None
 
 
+def _unsupported_dtype(args: Any, kwargs: Any, meta: Any) -> torch.dtype | None:
+    from .lowering.pointwise import SUPPORTED_DTYPES
+    for v in ir._flatten(list(args) + list(kwargs.values())):
+        if isinstance(v, TensorValue) and v.dtype not in SUPPORTED_DTYPES:
+            return v.dtype
+    for _, m in _tensor_leaves(meta):
+        if m.dtype not in SUPPORTED_DTYPES:
+            return m.dtype
+    return None
+
+
 def _aliased_inputs(op: Any, args: Sequence[Any]) -> tuple[str, ...]:
-    """Buffers an op's outputs may alias (view ops without a lowering)."""
-    schema = op._schema
-    if not any(r.alias_info is not None for r in schema.returns):
+    """Buffers an op's outputs may alias (view ops without a lowering; any non-ATen call)."""
+    schema = getattr(op, "_schema", None)
+    if schema is not None and not any(r.alias_info is not None for r in schema.returns):
         return ()
     return tuple(a.name for a in ir._flatten(list(args)) if isinstance(a, ir.BufferRef))

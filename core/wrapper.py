@@ -93,6 +93,7 @@ class WrapperWriter:
         return self.const(value)
 
     def write(self) -> Wrapper:
+        self.ns.update(self.graph.constants)
         with self.w.block("def call(args):"):
             self._bind_inputs()
             for i, step in enumerate(self.steps):

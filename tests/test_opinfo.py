@@ -24,8 +24,9 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -142,12 +143,37 @@ def _op_names() -> list[str]:
     return list(CI_OPS)
 
 
+def _find_one(op_name: str) -> OpInfo:
+    """Resolve ``op_name``, which must be the exact full name of an eligible OpInfo."""
+    ops = [op for op in find_ops([op_name]) if op.full_name == op_name]
+    assert len(ops) == 1, f"{op_name!r} is not the full name of an eligible OpInfo"
+    return ops[0]
+
+
 def _failure_message(records: Sequence[SampleRecord]) -> str:
-    lines = [f"compiled (backend={BACKEND_NAME!r}) result differs from eager:"]
+    lines = [f"torch.compile(backend={BACKEND_NAME!r}) disagrees with eager:"]
     for r in records:
         lines.append(f"  sample {r.sample_index}: {r.status.value}: {r.reason}")
         lines.append(f"    {r.sample}")
     return "\n".join(lines)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_torch_trace_log() -> Iterator[None]:
+    """Keep torch's structured-trace records out of failure reports.
+
+    pytest attaches its capture handlers even to the non-propagating
+    ``torch.__trace`` logger, which then fills every failure report with dozens
+    of empty DEBUG lines.  Left alone when ``TORCH_TRACE`` is set (tlparse).
+    """
+    logger = logging.getLogger("torch.__trace")
+    saved = logger.disabled
+    if not os.environ.get("TORCH_TRACE"):
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = saved
 
 
 @pytest.fixture(scope="module")
@@ -179,13 +205,6 @@ def test_compiled_matches_eager(op_name: str, counting_backend: CountingBackend)
             f"{compared[0].reason}); the CI op list must only hold ops that compile",
             pytrace=False,
         )
-
-
-def _find_one(op_name: str) -> OpInfo:
-    """Resolve ``op_name``, which must be the exact full name of an eligible OpInfo."""
-    ops = [op for op in find_ops([op_name]) if op.full_name == op_name]
-    assert len(ops) == 1, f"{op_name!r} is not the full name of an eligible OpInfo"
-    return ops[0]
 
 
 # --------------------------------------------------------------------------- #

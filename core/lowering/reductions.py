@@ -69,6 +69,8 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
                 ranges.append(n)
             full_idx.append(v)
             out_idx.append(v)
+    if not rranges:
+        return _trivial_reduction(ctx, x, full_idx, out_idx, tuple(ranges), rtype, layout, out_size)
     acc = acc_dtype_for(rtype, x.dtype)
     body = x.load(full_idx)
     if rtype in ("any", "all"):
@@ -90,6 +92,29 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
         name, layout=layout, ranges=tuple(ranges), reduction_ranges=tuple(rranges),
         reduction_type=rtype, body=body, store_index=layout.index(out_idx), acc_dtype=acc,
         extra_outputs=extra))
+    return outs
+
+
+def _trivial_reduction(ctx: LoweringContext, x: TensorValue, full_idx: list[Expr], out_idx: list[Expr],
+                       ranges: tuple[Expr, ...], rtype: str, layout: Layout,
+                       out_size: tuple[Expr, ...]) -> list[Realized]:
+    """A reduction over one element per output: the element itself (0 for arg-reductions, a
+    zero sum of squares for Welford)."""
+    value = x.load(full_idx)
+    if rtype in ("argmax", "argmin"):
+        bodies = [ir.Const(torch.int64, value=0)]
+    elif rtype == "welford":
+        acc = compute_dtype(layout.dtype)
+        bodies = [cast(value, acc), ir.Const(acc, value=0.0)]
+    else:
+        bodies = [value]
+    outs = []
+    for body in bodies:
+        name = ctx.new_name()
+        ctx.add_buffer(name, layout)
+        ctx.add_node(ir.PointwiseNode(name, layout=layout, ranges=ranges, body=cast(body, layout.dtype),
+                                      store_index=layout.index(out_idx)))
+        outs.append(Realized(layout.dtype, x.device, out_size, name, layout))
     return outs
 
 
@@ -182,11 +207,11 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
     acc = compute_dtype(out)
     mean, m2 = reduce(ctx, x, dims, keepdim, "welford", acc)
     corr = 1 if correction is None else correction
-    denom = count - corr
 
     def var_fn(idx: list[Expr]) -> ir.Value:
-        d = ir.Op(acc, name="maximum", args=(cast(ir.IndexValue(torch.int64, expr=denom), acc),
-                                             ir.Const(acc, value=0.0)))
+        n = cast(ir.IndexValue(torch.int64, expr=count), acc)
+        denom = ir.Op(acc, name="sub", args=(n, ir.Const(acc, value=float(corr))))
+        d = ir.Op(acc, name="maximum", args=(denom, ir.Const(acc, value=0.0)))
         return cast(ir.Op(acc, name="truediv", args=(m2.load(idx), d)), out)
 
     var = lazy(out, x.device, m2.size, var_fn)
