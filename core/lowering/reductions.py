@@ -215,6 +215,9 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
         return cast(ir.Op(acc, name="truediv", args=(m2.load(idx), d)), out)
 
     var = lazy(out, x.device, m2.size, var_fn)
+    if count == 0:  # mean and variance of nothing are NaN, as in eager
+        nan = ir.Const(out, value=float("nan"))
+        return lazy(out, x.device, m2.size, lambda idx: nan), lazy(out, x.device, mean.size, lambda idx: nan)
     mean_out = lazy(out, x.device, mean.size, lambda idx: cast(mean.load(idx), out))
     return var, mean_out
 
