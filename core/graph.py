@@ -171,6 +171,7 @@ class GraphLowering:
         if fn is not None:
             try:
                 result = fn(self.ctx, *args, **kwargs)
+                _trial_load(result)
             except (LoweringError, NotImplementedError, TypeError, AssertionError) as exc:
                 del self.ctx.nodes[mark:]
                 reason = str(exc) or type(exc).__name__
@@ -251,6 +252,14 @@ class GraphLowering:
         if isinstance(value, torch.SymInt):
             return GraphOutput(expr=value.node.expr)
         return GraphOutput(constant=value)
+
+
+def _trial_load(result: Any) -> None:
+    """Build each lazy result's body once, so a lowering that cannot handle its inputs fails
+    here (and falls back) rather than when a later op inlines it."""
+    for value in ir._flatten(result if isinstance(result, (list, tuple)) else [result]):
+        if isinstance(value, Lazy):
+            value.load([sympy.Symbol(f"q{i}", integer=True, nonnegative=True) for i in range(value.ndim)])
 
 
 def _flat_outputs(out: Any) -> list[Any]:

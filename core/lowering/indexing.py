@@ -98,6 +98,8 @@ def _gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
     check_dtype(x.dtype, ctx.origin)
     if x.ndim == 0:
         return lazy(x.dtype, x.device, index.size, lambda idx: x.load([]))
+    if index.ndim != x.ndim:
+        raise LoweringError(ctx.origin, "index and input ranks differ")
     dim = dim % x.ndim
 
     def fn(idx: list[Expr]) -> ir.Value:
