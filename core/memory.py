@@ -96,7 +96,7 @@ def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: se
             else:
                 live += nbytes(buf.layout)
         peak = max(peak, live)
-        for name in step_writes(step) + sorted(step_reads(step)):
+        for name in dict.fromkeys(step_writes(step) + sorted(step_reads(step))):
             if last_use.get(name) != i or name in protected or name not in buffers:
                 continue
             if buffers[name].storage or name in frees[i]:

@@ -79,6 +79,13 @@ def test_planner_never_reuses_a_live_buffer(spec, kept):
     for i, step in enumerate(steps):
         for name in step.inputs + step.outputs:
             last_use[name] = i
+    # the wrapper's view: a name must exist (not deleted) whenever it is used or taken over
+    deleted: set[str] = set()
+    for i, step in enumerate(steps):
+        for alloc in plan.allocs[i]:
+            assert alloc.reuse is None or alloc.reuse not in deleted
+        assert not (set(step.inputs) | set(step.outputs)) & deleted
+        deleted |= set(plan.frees[i])
     owner = {}
     for i, allocs in enumerate(plan.allocs):
         for alloc in allocs:
