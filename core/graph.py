@@ -195,7 +195,8 @@ class GraphLowering:
             if isinstance(value, Lazy):
                 value.origins = tuple(dict.fromkeys([*value.origins, *origins]))
         for new in self.ctx.nodes[mark:]:
-            if not isinstance(new, ir.ExternNode):
+            # nodes this op built around its inputs' bodies (realized inputs keep their own)
+            if isinstance(new, (ir.ReductionNode, ir.ScanNode, ir.ScatterNode)):
                 new.origins = tuple(dict.fromkeys([*inlined, *new.origins]))
 
     def _maybe_realize(self, node: torch.fx.Node, result: Any) -> Any:

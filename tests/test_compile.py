@@ -276,3 +276,18 @@ def test_flip_repeat_slice_scatter():
     r = check(lambda x: (x.flip(0, 1) * 2, x.repeat(2, 1, 3) + 1), x)
     r2 = check(lambda x, s: torch.slice_scatter(x, s, 1, 2, 4), x, torch.randn(5, 2))
     assert not r.fallbacks and not r2.fallbacks
+
+
+def test_gpt_block_has_no_fallback_and_one_kernel_per_norm_and_softmax():
+    from coil.demo import Block
+
+    block = Block(dim=64, heads=4).eval()
+    with torch.no_grad():
+        r = check(block, torch.randn(2, 16, 64), atol=1e-4, rtol=1e-4)
+    assert not r.fallbacks
+    norms = [k for k in r.kernels if "aten.var_mean.correction" in k.ops]
+    softmaxes = [k for k in r.kernels if "aten.amax.default" in k.ops]
+    assert len(norms) == 2 and len(softmaxes) == 1
+    for k in norms:  # statistics and normalisation in the same kernel
+        assert "aten.rsqrt.default" in k.ops and "aten.sub.Tensor" in k.ops
+    assert {"aten.exp.default", "aten.sum.dim_IntList", "aten.div.Tensor"} <= set(softmaxes[0].ops)
