@@ -179,18 +179,14 @@ def _cat(ctx: LoweringContext, tensors: Sequence[TensorValue], dim: int = 0) -> 
         acc = acc + t.size[dim]
 
     def fn(idx: list[Expr]) -> ir.Value:
-        result: ir.Value | None = None
+        # every part's load is masked: a plugin may evaluate all operands of a where
+        result: ir.Value = const(0, dtype)
         for t, off in reversed(list(zip(parts, offsets))):
             src = list(idx)
             src[dim] = idx[dim] - off
-            body = cast(t.load(src), dtype)
-            if result is None:
-                result = body
-                continue
             mask = _in_range(idx[dim], off, off + t.size[dim])
-            masked = ir.Masked(dtype, mask=mask, body=body, other=0)
-            result = ir.Op(dtype, name="where", args=(mask, masked, result))
-        assert result is not None
+            masked = ir.Masked(dtype, mask=mask, body=cast(t.load(src), dtype), other=0)
+            result = masked if result is None else ir.Op(dtype, name="where", args=(mask, masked, result))
         return result
 
     return lazy(dtype, meta.device, _meta_size(meta), fn)

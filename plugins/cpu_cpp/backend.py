@@ -8,7 +8,7 @@ from typing import Any, Sequence
 import coil.sdk as sdk
 
 from . import toolchain
-from .codegen import KernelWriter, declare_reduction
+from .codegen import KernelWriter
 
 
 @dataclass
@@ -36,17 +36,13 @@ class CppBackend(sdk.DeviceBackend):
         bodies: list[str] = []
         decls: list[str] = []
         per_kernel: dict[str, str] = {}
-        reductions: set[str] = set()
         for k in kernels:
-            writer = KernelWriter(k, k.name)
-            text, decl = writer.generate()
+            text, decl = KernelWriter(k, k.name).generate()
             bodies.append(text)
             decls.append(decl)
             per_kernel[k.name] = text
-            reductions |= writer.reductions_used
-        udrs = [d for d in (declare_reduction(c) for c in sorted(reductions)) if d]
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
-                            toolchain.vector_math_prelude(), *udrs, "", *bodies])
+                            toolchain.vector_math_prelude(), "", *bodies])
         return source, decls, per_kernel
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:

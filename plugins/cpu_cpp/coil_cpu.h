@@ -3,44 +3,74 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
+#include <omp.h>
 #include <type_traits>
 
 namespace coil {
 
-struct bf16 {
-  uint16_t bits;
-};
+// Half-precision storage types. Scoped enums rather than structs or _Float16: scalars, so
+// GCC keeps them in vector registers inside ``omp simd`` loops (a struct local becomes a
+// per-lane array in memory, and GCC 12 has no vector _Float16 without AVX512-FP16), while
+// arithmetic on them does not compile. Kernels compute in float, as ATen does.
+enum class bf16 : uint16_t {};
+enum class fp16 : uint16_t {};
 
-inline float to_float(bf16 x) {
-  uint32_t u = static_cast<uint32_t>(x.bits) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+// Enums compare as integers, which would be wrong for floats: make such slips compile errors.
+#define COIL_NO_COMPARE(T)                                                                   \
+  bool operator==(T, T) = delete; bool operator!=(T, T) = delete;                            \
+  bool operator<(T, T) = delete; bool operator>(T, T) = delete;                              \
+  bool operator<=(T, T) = delete; bool operator>=(T, T) = delete;
+COIL_NO_COMPARE(bf16)
+COIL_NO_COMPARE(fp16)
+#undef COIL_NO_COMPARE
+
+template <typename To, typename From> inline To bits_as(From x) { return __builtin_bit_cast(To, x); }
+
+// The conversions are branch-free bit arithmetic (selects, not jumps) so that the loops
+// holding them vectorise; results equal ATen's scalar conversions bit for bit, except that a
+// NaN keeps its sign (and for bf16 its payload) where ATen makes one canonical NaN.
+inline float to_float(bf16 x) { return bits_as<float>(static_cast<uint32_t>(x) << 16); }
 
 inline bf16 to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<uint16_t>((u >> 16) | 0x40u)};
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
-  return bf16{static_cast<uint16_t>(u >> 16)};
+  uint32_t u = bits_as<uint32_t>(f);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
+  uint32_t quiet_nan = (u >> 16) | 0x40u;
+  bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<bf16>(nan ? quiet_nan : rounded);
 }
 
-// cast<To>(x): C++ conversions, plus bf16 through float; float->int as ATen (truncation).
+inline float to_float(fp16 h) {
+  uint32_t bits = static_cast<uint32_t>(h);
+  uint32_t body = (bits & 0x7fffu) << 13;  // exponent and mantissa, in float position
+  // Scaling by 2^(127-15) rebiases the exponent and normalises subnormals exactly.
+  uint32_t out = bits_as<uint32_t>(bits_as<float>(body) * 0x1p112f);
+  out |= body >= (0x7c00u << 13) ? 0x7f800000u : 0u;  // Inf and NaN keep an all-ones exponent
+  return bits_as<float>(out | ((bits & 0x8000u) << 16));
+}
+
+inline fp16 to_fp16(float f) {
+  uint32_t u = bits_as<uint32_t>(f);
+  uint32_t a = u & 0x7fffffffu;
+  uint32_t inf_nan = a > 0x7f800000u ? 0x7e00u : 0x7c00u;
+  // Below 2^-14 the result is subnormal: adding 0.5 lets the FPU round at 2^-24 steps.
+  uint32_t subnormal = bits_as<uint32_t>(bits_as<float>(a) + 0.5f) - bits_as<uint32_t>(0.5f);
+  uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;  // nearest even
+  uint32_t r = a >= (143u << 23) ? inf_nan : (a < (113u << 23) ? subnormal : normal);
+  return static_cast<fp16>(r | ((u >> 16) & 0x8000u));
+}
+
+template <typename T> inline constexpr bool is_half_v = std::is_same_v<T, bf16> || std::is_same_v<T, fp16>;
+
+// cast<To>(x): C++ conversions, half types through float; float->int as ATen (truncation).
 template <typename To, typename From>
 inline To cast(From x) {
-  if constexpr (std::is_same_v<To, bf16>) {
-    if constexpr (std::is_same_v<From, bf16>) return x;
-    else return to_bf16(static_cast<float>(x));
-  } else if constexpr (std::is_same_v<From, bf16>) {
-    return static_cast<To>(to_float(x));
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return x != From(0);
-  } else {
-    return static_cast<To>(x);
-  }
+  if constexpr (std::is_same_v<To, From>) return x;
+  else if constexpr (is_half_v<From>) return cast<To>(to_float(x));
+  else if constexpr (std::is_same_v<To, bf16>) return to_bf16(static_cast<float>(x));
+  else if constexpr (std::is_same_v<To, fp16>) return to_fp16(static_cast<float>(x));
+  else if constexpr (std::is_same_v<To, bool>) return x != From(0);
+  else return static_cast<To>(x);
 }
 
 template <typename T> inline bool isnan_(T x) {
@@ -137,47 +167,68 @@ template <typename T> inline T highest() {
   else return std::numeric_limits<T>::max();
 }
 
-// argmax/argmin: the first index of the extreme value; NaN counts as the extreme, as in ATen.
-template <typename T> struct ArgAcc {
-  T value;
-  int64_t index;
-};
-template <typename T> inline ArgAcc<T> argmax_combine(ArgAcc<T> a, ArgAcc<T> b) {
-  if (a.index < 0) return b;
-  if (b.index < 0) return a;
-  bool an = isnan_(a.value), bn = isnan_(b.value);
-  if (an || bn) return an && (!bn || a.index < b.index) ? a : b;
-  if (a.value > b.value || (a.value == b.value && a.index < b.index)) return a;
-  return b;
-}
-template <typename T> inline ArgAcc<T> argmin_combine(ArgAcc<T> a, ArgAcc<T> b) {
-  if (a.index < 0) return b;
-  if (b.index < 0) return a;
-  bool an = isnan_(a.value), bn = isnan_(b.value);
-  if (an || bn) return an && (!bn || a.index < b.index) ? a : b;
-  if (a.value < b.value || (a.value == b.value && a.index < b.index)) return a;
-  return b;
-}
+// Reduction accumulators. ``<kind>_update`` folds one value into a state and
+// ``<kind>_combine`` folds in another state. A state is a few separate variables passed by
+// reference, not a struct: kernels keep one state per SIMD lane as plain arrays (struct of
+// arrays), so the update loops vectorise, and combine the lanes (and threads) at the end.
+template <typename T> inline void sum_update(T& acc, T v) { acc += v; }
+template <typename T> inline void sum_combine(T& acc, T other) { acc += other; }
+template <typename T> inline void prod_update(T& acc, T v) { acc *= v; }
+template <typename T> inline void prod_combine(T& acc, T other) { acc *= other; }
+template <typename T> inline void any_update(T& acc, T v) { acc = acc || v; }
+template <typename T> inline void any_combine(T& acc, T other) { acc = acc || other; }
+template <typename T> inline void all_update(T& acc, T v) { acc = acc && v; }
+template <typename T> inline void all_combine(T& acc, T other) { acc = acc && other; }
+// max/min propagate NaN: a NaN value always wins, and a NaN state never loses (v > NaN is false).
+template <typename T> inline void max_update(T& acc, T v) { acc = (v > acc || isnan_(v)) ? v : acc; }
+template <typename T> inline void max_combine(T& acc, T other) { max_update<T>(acc, other); }
+template <typename T> inline void min_update(T& acc, T v) { acc = (v < acc || isnan_(v)) ? v : acc; }
+template <typename T> inline void min_combine(T& acc, T other) { min_update<T>(acc, other); }
 
-// Welford's one-pass mean and sum of squared deviations, with Chan's parallel combine.
-template <typename T> struct Welford {
-  T mean;
-  T m2;
-  T n;
-};
-template <typename T> inline Welford<T> welford_update(Welford<T> a, T x) {
-  T n = a.n + T(1);
-  T delta = x - a.mean;
-  T mean = a.mean + delta / n;
-  return Welford<T>{mean, a.m2 + delta * (x - mean), n};
+// argmax/argmin: the first index of the extreme value; NaN counts as the extreme, as in ATen.
+// An index of -1 marks an empty state. Within one lane indices only grow, so the update's
+// strict comparison keeps the first; combine breaks ties by the smaller index, so the order
+// in which states are combined does not matter.
+template <bool Max, typename T> inline bool beats(T a, T b) { return Max ? a > b : a < b; }
+template <bool Max, typename T> inline void arg_update(T& val, int64_t& idx, T v, int64_t i) {
+  bool take = idx < 0 || beats<Max>(v, val) || (isnan_(v) && !isnan_(val));
+  val = take ? v : val;
+  idx = take ? i : idx;
 }
-template <typename T> inline Welford<T> welford_combine(Welford<T> a, Welford<T> b) {
-  if (a.n == T(0)) return b;
-  if (b.n == T(0)) return a;
-  T n = a.n + b.n;
-  T delta = b.mean - a.mean;
-  T nb_over_n = b.n / n;
-  return Welford<T>{a.mean + delta * nb_over_n, a.m2 + b.m2 + delta * delta * a.n * nb_over_n, n};
+template <bool Max, typename T> inline void arg_combine(T& val, int64_t& idx, T val_b, int64_t idx_b) {
+  bool a_nan = isnan_(val), b_nan = isnan_(val_b), b_first = idx_b < idx;
+  bool b_wins = (a_nan || b_nan) ? b_nan && (!a_nan || b_first)
+                                 : beats<Max>(val_b, val) || (val_b == val && b_first);
+  bool take = idx_b >= 0 && (idx < 0 || b_wins);
+  val = take ? val_b : val;
+  idx = take ? idx_b : idx;
+}
+template <typename T> inline void argmax_update(T& val, int64_t& idx, T v, int64_t i) { arg_update<true>(val, idx, v, i); }
+template <typename T> inline void argmin_update(T& val, int64_t& idx, T v, int64_t i) { arg_update<false>(val, idx, v, i); }
+template <typename T> inline void argmax_combine(T& val, int64_t& idx, T v, int64_t i) { arg_combine<true>(val, idx, v, i); }
+template <typename T> inline void argmin_combine(T& val, int64_t& idx, T v, int64_t i) { arg_combine<false>(val, idx, v, i); }
+
+// Welford's one-pass mean and sum of squared deviations. Scaling by 1/n rather than dividing
+// keeps the divide off the loop-carried chain through the mean (n does not depend on it).
+template <typename T> inline void welford_update(T& mean, T& m2, T& n, T x) {
+  n += T(1);
+  T w = T(1) / n;
+  T delta = x - mean;
+  mean += delta * w;
+  m2 += delta * (x - mean);
+}
+// Chan et al.'s combine of two partial states, with selects rather than branches so that a
+// tree of lane combines vectorises; an empty state (n == 0) leaves the other one unchanged.
+template <typename T> inline void welford_combine(T& mean, T& m2, T& n, T mean_b, T m2_b, T n_b) {
+  T total = n + n_b;
+  T w = n_b / (total == T(0) ? T(1) : total);
+  T delta = mean_b - mean;
+  T merged_mean = mean + delta * w;
+  T merged_m2 = m2 + m2_b + delta * delta * n * w;
+  bool empty_a = n == T(0), empty_b = n_b == T(0);
+  mean = empty_b ? mean : (empty_a ? mean_b : merged_mean);
+  m2 = empty_b ? m2 : (empty_a ? m2_b : merged_m2);
+  n = total;
 }
 
 }  // namespace coil

@@ -8,9 +8,12 @@ import torch
 
 CTYPES: dict[torch.dtype, str] = {
     torch.float32: "float", torch.float64: "double", torch.bfloat16: "coil::bf16",
-    torch.float16: "_Float16", torch.int8: "int8_t", torch.int16: "int16_t",
+    torch.float16: "coil::fp16", torch.int8: "int8_t", torch.int16: "int16_t",
     torch.int32: "int32_t", torch.int64: "int64_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }
+
+#: Storage-only types: values are converted to float before any arithmetic or comparison.
+HALF_TYPES = frozenset({"coil::bf16", "coil::fp16"})
 
 Spelling = Callable[[list[str], str], str]
 
@@ -60,6 +63,14 @@ OPS: dict[str, Spelling] = {
     "lshift": _infix("<<"), "rshift": _infix(">>"),
     "where": lambda a, t: f"({a[0]} ? {a[1]} : {a[2]})",
 }
+
+#: Ops that call into libm (tens of cycles per vector): worth a store and a load to not
+#: compute twice (see :mod:`.stash`).
+COSTLY_OPS = frozenset({
+    "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+    "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
+    "sigmoid", "pow", "atan2", "hypot",
+})
 
 # Ops whose integer spelling must not pass through floating point.
 INTEGER_IDENTITY = {"floor", "ceil", "trunc", "round"}

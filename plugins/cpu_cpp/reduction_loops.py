@@ -1,0 +1,314 @@
+"""Loop schedules for reduction kernels.
+
+Every reduction keeps one accumulator state per SIMD lane, in arrays (see
+:mod:`.accumulators`), so its update loop vectorises whatever the reduction type. The
+schedule decides what the threads split and what the lanes run over:
+
+* ``inner`` (the default): threads split the kept points; for each, the lanes take
+  consecutive elements of the innermost reduced dim and are combined at the end.
+* ``outer``: when the accesses are contiguous along the innermost *kept* dim instead
+  (``x.sum(0)`` of a row-major matrix), threads split blocks of that dim and the lanes take
+  consecutive kept points, so each lane's state is one output; the reduced dims run outside,
+  and every access stays contiguous.
+* ``split``: when there are only a few kept points, threads split the reduced dims; then
+  each thread in turn (in a fixed order) combines its lanes into a shared state.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Iterator
+
+import sympy
+
+from coil.sdk import Kernel, Load, Loop, ReductionNode, loads
+
+from .accumulators import Accumulator, accumulator
+from .cpp import Scope, for_header, idx, parallel_if
+from .hoist import hoist_invariants
+from .optable import CTYPES
+from .stash import LoopStashes, plan
+
+if TYPE_CHECKING:
+    from .codegen import KernelWriter
+
+#: Lanes of the inner and split schedules: two AVX-512 vectors of float, so two independent
+#: update chains hide the latency of each (Welford's chain is long); measured faster than 16.
+#: Shorter reduced dims of known size get fewer (see ``_lane_count``).
+LANES = 32
+#: Kept points per thread block in the outer schedule: 1 KiB of float per reduced element
+#: was the fastest for ``x.sum(0)`` of 1536x4096 (64, 128 and 512 were slower; with only 8
+#: reduced elements 128 was faster, which is left alone).
+BLOCK = 256
+#: Kernels with at most this many kept points (known statically) use the split schedule.
+SMALL_X = 32
+
+
+def reduction_kernel(kw: KernelWriter) -> None:
+    schedule = choose_schedule(kw.k)
+    if schedule == "outer":
+        _outer(kw)
+        return
+    k = kw.k
+    split = schedule == "split"
+    names = [v.name for v in k.x_vars]
+    if names and not split:
+        points = sympy.Mul(*k.x_ranges, *k.r_ranges)
+        kw.w.line(f"#pragma omp parallel for collapse({len(names)}) {parallel_if(points)}")
+    stashes = plan(k)
+    with kw.loops(names, k.x_ranges):
+        scope = Scope()
+        for i, loop in enumerate(k.loops):
+            if loop.level == "x":
+                kw.emit_nodes(loop.nodes, scope)
+            else:
+                hoist_invariants(kw, loop, scope)
+                _lane_r_loop(kw, loop, scope, split, stashes.get(i, LoopStashes()))
+
+
+def choose_schedule(k: Kernel) -> str:
+    numel_x = sympy.Mul(*k.x_ranges)
+    if numel_x.is_number and int(numel_x) <= SMALL_X:
+        return "split"
+    if _contiguous_along_x(k):
+        return "outer"
+    return "inner"
+
+
+def _contiguous_along_x(k: Kernel) -> bool:
+    """Whether more memory accesses of the r loops have unit stride along the innermost kept
+    dim (and not along the innermost reduced dim) than along the innermost reduced dim."""
+    x, r, n = k.x_vars[-1], k.r_vars[-1], k.x_ranges[-1]
+    if n.is_number and int(n) < 16:
+        return False
+    along_x = along_r = 0
+    for loop in k.loops:
+        if loop.level != "r":
+            continue
+        for kn in loop.nodes:
+            indices = [ld.index for ld in loads(kn.body) if ld.buffer not in k.internal]
+            if not kn.is_reduction and kn.node.outputs()[0] not in k.internal:
+                indices.append(kn.store_index)
+            for e in indices:
+                unit_x, unit_r = sympy.diff(e, x) == 1, sympy.diff(e, r) == 1
+                along_x += unit_x and not unit_r
+                along_r += unit_r
+    return along_x > along_r
+
+
+def _accumulators(loop: Loop) -> dict[str, Accumulator]:
+    accs: dict[str, Accumulator] = {}
+    for kn in loop.nodes:
+        node = kn.node
+        if isinstance(node, ReductionNode):
+            accs[node.name] = accumulator(node.reduction_type, node.name, CTYPES[node.acc_dtype],
+                                          CTYPES[kn.body.dtype])
+    return accs
+
+
+def _flat_r(k: Kernel) -> str:
+    flat: sympy.Expr = sympy.Integer(0)
+    for v, n in zip(k.r_vars, k.r_ranges):
+        flat = flat * n + v
+    return idx(flat)
+
+
+def _r_body(kw: KernelWriter, loop: Loop, scope: Scope, accs: dict[str, Accumulator],
+            prefix: str, lane: str, stashes: LoopStashes) -> None:
+    """One (x, r) point of an r loop: pointwise nodes, and updates of the lane's states."""
+    for s in stashes.reads:
+        scope.memo[s.value] = kw.value(Load(s.value.dtype, buffer=s.buffer, index=s.index), scope)
+    for kn in loop.nodes:
+        acc = accs.get(kn.node.name)
+        if acc is None:
+            kw.emit_nodes([kn], scope)
+        else:
+            kw.w.line(acc.update(prefix, lane, kw.value(kn.body, scope), _flat_r(kw.k)))
+    for s in stashes.writes:
+        kw.w.line(f"{s.buffer}[{kw.idx(s.index)}] = {kw.value(s.value, scope)};")
+
+
+def _results(kw: KernelWriter, loop: Loop, accs: dict[str, Accumulator], prefix: str, lane: str) -> None:
+    for kn in loop.nodes:
+        acc = accs.get(kn.node.name)
+        if acc is not None:
+            for i, out in enumerate(kn.node.outputs()):
+                kw.store(out, kn.store_index, acc.result(prefix, lane, i), kn.node.layout.dtype,
+                         store_name=kn.stores[i])
+
+
+# -- inner and split schedules: lanes over the innermost reduced dim
+
+
+def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: Scope, split: bool,
+                 stashes: LoopStashes) -> None:
+    accs = _accumulators(loop)
+    if not accs:
+        _plain_r_loop(kw, loop, scope, split, stashes)
+        return
+    w = kw.w
+    lanes = _lane_count(kw.k.r_ranges[-1])
+    for acc in accs.values():
+        w.lines(acc.declare("acc_"))
+    with _parallel_region(kw, split):
+        for acc in accs.values():
+            w.lines(acc.declare("lane_", lanes))
+        w.line("#pragma omp simd")
+        with w.block(for_header("lane", str(lanes)), "}"):
+            for acc in accs.values():
+                w.lines(acc.init("lane_", "[lane]"))
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes)
+        _combine_lanes(kw, accs, lanes)
+        with _one_thread_at_a_time(kw, split):
+            for acc in accs.values():
+                w.line(acc.combine("acc_", "", "lane_", "[0]"))
+    _results(kw, loop, accs, "acc_", "")
+
+
+def _lane_count(n: sympy.Expr) -> int:
+    """Lanes for a reduced dim of ``n`` elements: ``LANES``, or for a shorter dim of known
+    size the largest power of two not above it, so that at least one chunk is full."""
+    if not n.is_number or int(n) >= LANES:
+        return LANES
+    return 1 << max(int(n).bit_length() - 1, 0)
+
+
+def _combine_lanes(kw: KernelWriter, accs: dict[str, Accumulator], lanes: int) -> None:
+    """Combine the lane states pairwise into lane 0, halving the width each step: a few
+    vector operations (the steps unrolled, so each has a constant width) where lane after
+    lane would be a long scalar chain, which dominated short rows; pairwise sums are also
+    more accurate."""
+    if lanes == 1:
+        return
+    kw.w.line("#pragma GCC unroll 8")
+    with kw.w.block(f"for (int64_t half = {lanes // 2}; half > 0; half /= 2) {{", "}"):
+        kw.w.line("#pragma omp simd")
+        with kw.w.block(for_header("lane", "half"), "}"):
+            for acc in accs.values():
+                kw.w.line(acc.combine("lane_", "[lane]", "lane_", "[lane + half]"))
+
+
+@contextlib.contextmanager
+def _parallel_region(kw: KernelWriter, split: bool) -> Iterator[None]:
+    """In the split schedule, an OpenMP parallel region around the code; else nothing."""
+    if not split:
+        yield
+        return
+    kw.w.line(f"#pragma omp parallel {parallel_if(sympy.Mul(*kw.k.r_ranges))}")
+    with kw.w.block("{", "}"):
+        yield
+
+
+@contextlib.contextmanager
+def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
+    """In the split schedule, the threads run the code in the order of their numbers, so the
+    combined result is the same on every run; else just the code."""
+    if not split:
+        yield
+        return
+    kw.w.line("#pragma omp for ordered schedule(static, 1)")
+    with kw.w.block(for_header("thread", "omp_get_num_threads()"), "}"):
+        kw.w.line("#pragma omp ordered")
+        yield
+
+
+def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: Scope, accs: dict[str, Accumulator],
+                  split: bool, stashes: LoopStashes, lanes: int) -> None:
+    """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
+    of the lane arrays, then the leftover elements into the first lanes (either part is left
+    out where the size is known and it would not run)."""
+    w = kw.w
+    last, n = kw.k.r_vars[-1].name, kw.k.r_ranges[-1]
+    size = int(n) if n.is_number else None
+    full = f"{idx(n)} / {lanes} * {lanes}" if size is None else str(size // lanes * lanes)
+    if size is None or size >= lanes:
+        with _within_outer_r(kw, split, for_header(f"{last}_chunk", full, step=lanes)):
+            w.line("#pragma omp simd")
+            with w.block(for_header("lane", str(lanes)), "}"):
+                w.line(f"int64_t {last} = {last}_chunk + lane;")
+                _r_body(kw, loop, Scope(scope), accs, "lane_", "[lane]", stashes)
+    if size is None or size % lanes:
+        with _within_outer_r(kw, split, for_header(last, n, start=full), simd=True):
+            w.line(f"int64_t lane = {last} - {full};")
+            _r_body(kw, loop, Scope(scope), accs, "lane_", "[lane]", stashes)
+
+
+@contextlib.contextmanager
+def _within_outer_r(kw: KernelWriter, split: bool, innermost: str, simd: bool = False) -> Iterator[None]:
+    """The ``innermost`` loop header inside loops over the outer reduced dims. In the split
+    schedule the threads share the outer loops, or where there are none the innermost one
+    (collapsing the vectorised loop's parent too makes GCC gather across its iterations)."""
+    k = kw.k
+    outer = [v.name for v in k.r_vars[:-1]]
+    pragma = "#pragma omp simd" if simd else ""
+    if split and outer:
+        collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
+        kw.w.line(f"#pragma omp for{collapse} nowait")
+    elif split:
+        pragma = "#pragma omp for simd nowait" if simd else "#pragma omp for nowait"
+    with kw.loops(outer, k.r_ranges[:-1]):
+        if pragma:
+            kw.w.line(pragma)
+        with kw.w.block(innermost, "}"):
+            yield
+
+
+def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: Scope, split: bool,
+                  stashes: LoopStashes) -> None:
+    """An r loop without reductions (the last pass of a softmax): pointwise over r."""
+    k = kw.k
+    collapse = f" collapse({len(k.r_ranges)})" if len(k.r_ranges) > 1 else ""
+    if split:
+        kw.w.line(f"#pragma omp parallel for simd{collapse} {parallel_if(sympy.Mul(*k.r_ranges))}")
+    else:
+        kw.w.line(f"#pragma omp simd{collapse}")
+    with kw.loops([v.name for v in k.r_vars], k.r_ranges):
+        _r_body(kw, loop, Scope(scope), {}, "", "", stashes)
+
+
+# -- outer schedule: lanes over a block of the innermost kept dim
+
+
+def _outer(kw: KernelWriter) -> None:
+    k, w = kw.k, kw.w
+    names = [v.name for v in k.x_vars]
+    last, n = names[-1], k.x_ranges[-1]
+    points = sympy.Mul(*k.x_ranges, *k.r_ranges)
+    w.line(f"#pragma omp parallel for collapse({len(names)}) {parallel_if(points)}")
+    with kw.loops(names[:-1], k.x_ranges[:-1]):
+        with w.block(for_header(f"{last}_block", n, step=BLOCK), "}"):
+            w.line(f"int64_t width = std::min<int64_t>({BLOCK}, {idx(n)} - {last}_block);")
+            for buf in sorted(k.internal):
+                w.line(f"{kw.ctype(buf)} v_{buf}[{BLOCK}];")
+            kw.lane = "[lane]"
+            for loop in k.loops:
+                if loop.level == "x":
+                    with _over_block(kw, last):
+                        kw.emit_nodes(loop.nodes, Scope())
+                else:
+                    _outer_r_loop(kw, loop, last)
+            kw.lane = ""
+
+
+@contextlib.contextmanager
+def _over_block(kw: KernelWriter, last: str) -> Iterator[None]:
+    kw.w.line("#pragma omp simd")
+    with kw.w.block(for_header("lane", "width"), "}"):
+        kw.w.line(f"int64_t {last} = {last}_block + lane;")
+        yield
+
+
+def _outer_r_loop(kw: KernelWriter, loop: Loop, last: str) -> None:
+    k, w = kw.k, kw.w
+    accs = _accumulators(loop)
+    for acc in accs.values():
+        w.lines(acc.declare("acc_", BLOCK))
+    if accs:
+        with _over_block(kw, last):
+            for acc in accs.values():
+                w.lines(acc.init("acc_", "[lane]"))
+    with kw.loops([v.name for v in k.r_vars], k.r_ranges):
+        with _over_block(kw, last):
+            _r_body(kw, loop, Scope(), accs, "acc_", "[lane]", LoopStashes())
+    if accs:
+        with _over_block(kw, last):
+            _results(kw, loop, accs, "acc_", "[lane]")

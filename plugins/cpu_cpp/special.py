@@ -1,0 +1,78 @@
+"""Kernels of the special single-node kinds: scans (cumsum, cumprod) run sequentially along the
+scanned dim, in parallel over the others; scatters write the base, then the sources (atomic
+adds where OpenMP has them, one thread otherwise)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import sympy
+import torch
+
+from coil.sdk import ScanNode, ScatterNode
+
+from .cpp import Scope, for_header, idx, parallel_if
+from .optable import CTYPES, HALF_TYPES
+
+if TYPE_CHECKING:
+    from .codegen import KernelWriter
+
+
+def _vars(prefix: str, n: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(n)]
+
+
+def scan(kw: KernelWriter, node: ScanNode) -> None:
+    w = kw.w
+    if node.ranges:
+        points = sympy.Mul(*node.ranges, node.scan_range)
+        w.line(f"#pragma omp parallel for collapse({len(node.ranges)}) {parallel_if(points)}")
+    with kw.loops(_vars("x", len(node.ranges)), node.ranges):
+        acc_t = CTYPES[node.acc_dtype]
+        op = "+=" if node.combine == "sum" else "*="
+        w.line(f"{acc_t} acc = {acc_t}({0 if node.combine == 'sum' else 1});")
+        with w.block(for_header("r0", node.scan_range), "}"):
+            v = kw.value(node.body, Scope())
+            w.line(f"acc {op} {v};")
+            t = CTYPES[node.layout.dtype]
+            w.line(f"{node.name}[{idx(node.store_index)}] = coil::cast<{t}>(acc);")
+
+
+def scatter(kw: KernelWriter, node: ScatterNode) -> None:
+    w = kw.w
+    t = CTYPES[node.layout.dtype]
+    if node.ranges:
+        points = sympy.Mul(*node.ranges)
+        w.line(f"#pragma omp parallel for collapse({len(node.ranges)}) {parallel_if(points)}")
+    with kw.loops(_vars("x", len(node.ranges)), node.ranges):
+        base = kw.value(node.base, Scope())
+        w.line(f"{node.name}[{idx(node.store_index)}] = coil::cast<{t}>({base});")
+    atomic = node.accumulate == "add" and node.layout.dtype in (
+        torch.float32, torch.float64, torch.int32, torch.int64)
+    if atomic and node.src_ranges:
+        w.line(f"#pragma omp parallel for collapse({len(node.src_ranges)}) "
+               f"{parallel_if(sympy.Mul(*node.src_ranges))}")
+    with kw.loops(_vars("r", len(node.src_ranges)), node.src_ranges):
+        scope = Scope()
+        for ind in node.target_indirect:
+            kw.value(ind, scope)
+        val = kw.value(node.value, scope)
+        target = f"{node.name}[{idx(node.target_index)}]"
+        if node.accumulate is None:
+            w.line(f"{target} = {val};")
+        elif atomic:
+            w.line("#pragma omp atomic")
+            w.line(f"{target} += {val};")
+        else:
+            w.line(f"{target} = coil::cast<{t}>({_combined(node.accumulate, target, val, t)});")
+
+
+def _combined(accumulate: str, target: str, val: str, t: str) -> str:
+    """The new value of a scatter target; half types combine in float."""
+    half = t in HALF_TYPES
+    cur = f"coil::cast<float>({target})" if half else target
+    vv = f"coil::cast<float>({val})" if half else val
+    ct = "float" if half else t
+    return {"add": f"{cur} + {vv}", "mul": f"{cur} * {vv}",
+            "amax": f"coil::max_nan<{ct}>({cur}, {vv})",
+            "amin": f"coil::min_nan<{ct}>({cur}, {vv})"}[accumulate]
+
