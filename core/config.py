@@ -32,8 +32,6 @@ class Config:
     realize_reads_threshold: int = 4
     #: ... or when its body has more than this many operations.
     realize_opcount_threshold: int = 30
-    #: Emit bounds checks for indirect indexing (gather, index, embedding).
-    debug_bounds_check: bool = False
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config)}
