@@ -135,10 +135,13 @@ def op_count(value: Value) -> int:
     return sum(1 for v in walk(value) if isinstance(v, (Op, Cast, Masked)))
 
 
-def map_indices(value: Value, fn: Callable[[Expr], Expr]) -> Value:
-    """Rewrite every index expression of a tree (used to re-index a body into a kernel's
-    loop variables)."""
+def rewrite(value: Value, index: Callable[[Expr], Expr] | None = None,
+            load: Callable[[Load], Value | None] | None = None) -> Value:
+    """A copy of a tree with every index expression passed through ``index`` and every load
+    (after its own indices) through ``load`` (which returns a replacement, or None to keep
+    it). Shared subtrees stay shared."""
     memo: dict[int, Value] = {}
+    fix = index or (lambda e: e)
 
     def visit(v: Value) -> Value:
         got = memo.get(id(v))
@@ -146,12 +149,13 @@ def map_indices(value: Value, fn: Callable[[Expr], Expr]) -> Value:
             return got
         if isinstance(v, Load):
             out: Value = dataclasses.replace(
-                v, index=fn(v.index), indirect=tuple(visit(i) for i in v.indirect)
-            )
+                v, index=fix(v.index), indirect=tuple(visit(i) for i in v.indirect))
+            if load is not None:
+                out = load(out) or out  # type: ignore[arg-type]
         elif isinstance(v, IndexValue):
-            out = dataclasses.replace(v, expr=fn(v.expr))
+            out = dataclasses.replace(v, expr=fix(v.expr))
         elif isinstance(v, Indirect):
-            out = dataclasses.replace(v, value=visit(v.value), size=fn(v.size))
+            out = dataclasses.replace(v, value=visit(v.value), size=fix(v.size))
         elif isinstance(v, Op):
             out = dataclasses.replace(v, args=tuple(visit(a) for a in v.args))
         elif isinstance(v, Cast):
@@ -164,33 +168,17 @@ def map_indices(value: Value, fn: Callable[[Expr], Expr]) -> Value:
         return out
 
     return visit(value)
+
+
+def map_indices(value: Value, fn: Callable[[Expr], Expr]) -> Value:
+    """Rewrite every index expression of a tree (used to re-index a body into a kernel's
+    loop variables)."""
+    return rewrite(value, index=fn)
 
 
 def replace_loads(value: Value, fn: Callable[[Load], Value | None]) -> Value:
-    """Replace loads for which ``fn`` returns a value (used to inline kernel-local buffers)."""
-    memo: dict[int, Value] = {}
-
-    def visit(v: Value) -> Value:
-        got = memo.get(id(v))
-        if got is not None:
-            return got
-        if isinstance(v, Load):
-            new_load = dataclasses.replace(v, indirect=tuple(visit(i) for i in v.indirect))
-            out = fn(new_load) or new_load
-        elif isinstance(v, Indirect):
-            out = dataclasses.replace(v, value=visit(v.value))
-        elif isinstance(v, Op):
-            out = dataclasses.replace(v, args=tuple(visit(a) for a in v.args))
-        elif isinstance(v, Cast):
-            out = dataclasses.replace(v, x=visit(v.x))
-        elif isinstance(v, Masked):
-            out = dataclasses.replace(v, mask=visit(v.mask), body=visit(v.body))
-        else:
-            out = v
-        memo[id(v)] = out
-        return out
-
-    return visit(value)
+    """Replace loads for which ``fn`` returns a value (used to redirect or inline buffers)."""
+    return rewrite(value, load=fn)
 
 
 # ----------------------------------------------------------------------------- layouts

@@ -3,6 +3,7 @@ data-dependent ``Indirect`` indices, and of scatter writes (scatter, scatter_add
 scatter_reduce, index_put) as ``ScatterNode``s."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import sympy
@@ -33,45 +34,68 @@ def _check_index(ctx: LoweringContext, idx: TensorValue) -> None:
         raise LoweringError(ctx.origin, "boolean-mask indexing has a data-dependent shape")
 
 
-@lowering(aten.index.Tensor)
-def _index(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
-    x = ctx.realize(x)
-    check_dtype(x.dtype, ctx.origin)
+@dataclass
+class AdvancedIndex:
+    """Where advanced indexing puts things: the broadcast index shape ``bshape`` occupies
+    ``b_start..`` of the result (in place when the indexed dims are adjacent, else in
+    front); ``before``/``after`` are the input dims around it."""
+
+    tensors: dict[int, TensorValue]
+    bshape: tuple[Expr, ...]
+    before: list[int]
+    after: list[int]
+    b_start: int
+    size: list[Expr]
+
+    def source(self, ctx: LoweringContext, x: TensorValue, idx: Sequence[Expr]
+               ) -> tuple[list[Expr], list[ir.Indirect]]:
+        """The input index (and its indirect variables) for result index ``idx``."""
+        nb = len(self.bshape)
+        src: list[Expr] = [sympy.Integer(0)] * x.ndim
+        for k, d in enumerate(self.before):
+            src[d] = idx[k]
+        for k, d in enumerate(self.after):
+            src[d] = idx[self.b_start + nb + k]
+        inds = []
+        for d, t in self.tensors.items():
+            ind = indirect(ctx, t.load(list(idx[self.b_start:self.b_start + nb])), x.size[d])
+            inds.append(ind)
+            src[d] = ind.symbol
+        return src, inds
+
+
+def advanced_index(ctx: LoweringContext, x: TensorValue,
+                   indices: Sequence[TensorValue | None]) -> AdvancedIndex | None:
     positions = [i for i, t in enumerate(indices) if t is not None]
     if not positions:
-        return x
+        return None
     for i in positions:
         _check_index(ctx, indices[i])  # type: ignore[arg-type]
     bshape = broadcast_shapes(*(indices[i].size for i in positions))  # type: ignore[union-attr]
     tensors = {i: broadcast_to(indices[i], bshape) for i in positions}  # type: ignore[arg-type]
-    adjacent = positions == list(range(positions[0], positions[-1] + 1))
     rest = [d for d in range(x.ndim) if d not in positions]
-    nb = len(bshape)
-    if adjacent:
+    if positions == list(range(positions[0], positions[-1] + 1)):
         before = [d for d in rest if d < positions[0]]
         after = [d for d in rest if d > positions[-1]]
-        size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
-        b_start = len(before)
     else:
         before, after = [], rest
-        size = list(bshape) + [x.size[d] for d in rest]
-        b_start = 0
+    size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
+    return AdvancedIndex(tensors, bshape, before, after, len(before), size)
+
+
+@lowering(aten.index.Tensor)
+def _index(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+    x = ctx.realize(x)
+    check_dtype(x.dtype, ctx.origin)
+    plan = advanced_index(ctx, x, indices)
+    if plan is None:
+        return x
 
     def fn(idx: list[Expr]) -> ir.Value:
-        bidx = idx[b_start:b_start + nb]
-        src: list[Expr] = [sympy.Integer(0)] * x.ndim
-        for k, d in enumerate(before):
-            src[d] = idx[k]
-        for k, d in enumerate(after):
-            src[d] = idx[b_start + nb + k]
-        inds = []
-        for d, t in tensors.items():
-            ind = indirect(ctx, t.load(bidx), x.size[d])
-            inds.append(ind)
-            src[d] = ind.symbol
+        src, inds = plan.source(ctx, x, idx)
         return load_indirect(x, src, inds)
 
-    return lazy(x.dtype, x.device, size, fn)
+    return lazy(x.dtype, x.device, plan.size, fn)
 
 
 @lowering(aten.index_select.default)
@@ -176,41 +200,12 @@ def _scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: Tenso
 @lowering(aten.index_put.default)
 def _index_put(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None],
                values: TensorValue, accumulate: bool = False) -> TensorValue:
-    positions = [i for i, t in enumerate(indices) if t is not None]
-    if not positions:
+    plan = advanced_index(ctx, x, indices)
+    if plan is None:
         raise LoweringError(ctx.origin, "index_put without indices")
-    for i in positions:
-        _check_index(ctx, indices[i])  # type: ignore[arg-type]
-    bshape = broadcast_shapes(*(indices[i].size for i in positions))  # type: ignore[union-attr]
-    tensors = {i: broadcast_to(indices[i], bshape) for i in positions}  # type: ignore[arg-type]
-    adjacent = positions == list(range(positions[0], positions[-1] + 1))
-    rest = [d for d in range(x.ndim) if d not in positions]
-    nb = len(bshape)
-    if adjacent:
-        before = [d for d in rest if d < positions[0]]
-        after = [d for d in rest if d > positions[-1]]
-        src_size = [x.size[d] for d in before] + list(bshape) + [x.size[d] for d in after]
-        b_start = len(before)
-    else:
-        before, after = [], rest
-        src_size = list(bshape) + [x.size[d] for d in rest]
-        b_start = 0
-    vals = broadcast_to(values, src_size)
-
-    def target(s: list[Expr]) -> tuple[list[Expr], list[ir.Indirect]]:
-        dst: list[Expr] = [sympy.Integer(0)] * x.ndim
-        for k, d in enumerate(before):
-            dst[d] = s[k]
-        for k, d in enumerate(after):
-            dst[d] = s[b_start + nb + k]
-        inds = []
-        for d, t in tensors.items():
-            ind = indirect(ctx, t.load(s[b_start:b_start + nb]), x.size[d])
-            inds.append(ind)
-            dst[d] = ind.symbol
-        return dst, inds
-
-    return _scatter_node(ctx, x, src_size, target, vals.load, "add" if accumulate else None)
+    vals = broadcast_to(values, plan.size)
+    return _scatter_node(ctx, x, plan.size, lambda s: plan.source(ctx, x, s), vals.load,
+                         "add" if accumulate else None)
 
 
 __all__ = ["indirect", "load_indirect"]
