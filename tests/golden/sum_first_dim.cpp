@@ -1,0 +1,27 @@
+extern "C" void k0_sum(int64_t arg0_addr, int64_t buf0_addr) {
+  auto arg0 = reinterpret_cast<const float*>(arg0_addr);
+  auto buf0 = reinterpret_cast<float*>(buf0_addr);
+  #pragma omp parallel for collapse(1) if(parallel: 16384 > 16384)
+  for (int64_t x0_block = 0; x0_block < 256; x0_block += 256) {
+    int64_t width = std::min<int64_t>(256, 256 - x0_block);
+    float acc_buf0[256];
+    #pragma omp simd
+    for (int64_t lane = 0; lane < width; lane++) {
+      int64_t x0 = x0_block + lane;
+      acc_buf0[lane] = float(0);
+    }
+    for (int64_t r0 = 0; r0 < 64; r0++) {
+      #pragma omp simd
+      for (int64_t lane = 0; lane < width; lane++) {
+        int64_t x0 = x0_block + lane;
+        float t1 = arg0[(256*r0 + x0)];
+        coil::sum_update<float>(acc_buf0[lane], t1);
+      }
+    }
+    #pragma omp simd
+    for (int64_t lane = 0; lane < width; lane++) {
+      int64_t x0 = x0_block + lane;
+      buf0[x0] = coil::cast<float>(acc_buf0[lane]);
+    }
+  }
+}
