@@ -133,7 +133,7 @@ class GraphLowering:
             if isinstance(st, sympy.Symbol):
                 self.symbol_sources.setdefault(st, (position, "stride", dim))
         layout = Layout(example.dtype, example.device, size, stride, sympy.Integer(0))
-        self.ctx.add_buffer(name, layout)
+        self.ctx.add_buffer(name, layout, storage_offset=to_sympy(example.storage_offset()))
         self.inputs.append(GraphInput(position, name))
         return Realized(example.dtype, example.device, size, name, layout)
 

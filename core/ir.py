@@ -253,6 +253,9 @@ class Buffer:
     name: str
     layout: Layout
     storage: str | None = None
+    #: Elements between the start of the underlying storage and this buffer's data pointer
+    #: (non-zero for inputs that are views); ``as_strided`` offsets count from the storage.
+    storage_offset: Expr = sympy.Integer(0)
 
 
 @dataclass

@@ -291,3 +291,15 @@ def test_gpt_block_has_no_fallback_and_one_kernel_per_norm_and_softmax():
     for k in norms:  # statistics and normalisation in the same kernel
         assert "aten.rsqrt.default" in k.ops and "aten.sub.Tensor" in k.ops
     assert {"aten.exp.default", "aten.sum.dim_IntList", "aten.div.Tensor"} <= set(softmaxes[0].ops)
+
+
+def test_as_strided_of_a_view_input_counts_from_the_storage():
+    base = torch.randn(40)
+    view = base[5:]  # storage offset 5: as_strided's offset 9 means view[4]
+
+    def f(v):
+        return torch.as_strided(v, (3, 4), (4, 1), 9) * 2
+
+    expected = f(view)  # (check() would clone the input and lose its storage offset)
+    torch.testing.assert_close(coil.explain(f, view).result, expected)
+    check(lambda v: v.t()[1:, :2] + 1, base[4:].view(6, 6))

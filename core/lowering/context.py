@@ -38,8 +38,9 @@ class LoweringContext:
         self._counter += 1
         return name
 
-    def add_buffer(self, name: str, layout: Layout, storage: str | None = None) -> None:
-        self.buffers[name] = ir.Buffer(name, layout, storage)
+    def add_buffer(self, name: str, layout: Layout, storage: str | None = None,
+                   storage_offset: Expr = sympy.Integer(0)) -> None:
+        self.buffers[name] = ir.Buffer(name, layout, storage, storage_offset)
 
     def add_node(self, node: ir.Node) -> ir.Node:
         if not node.origins and self.origin:

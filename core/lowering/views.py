@@ -316,16 +316,12 @@ def _alias(ctx: LoweringContext, x: TensorValue) -> TensorValue:
 @lowering(aten.as_strided.default)
 def _as_strided(ctx: LoweringContext, x: TensorValue, size: Sequence[Any], stride: Sequence[Any],
                 storage_offset: Any = None) -> TensorValue:
-    if not isinstance(x, Realized) or not _is_storage_base(ctx, x):
-        raise LoweringError(ctx.origin, "as_strided of a value that is not a whole buffer")
-    base_offset = ctx.buffers[x.name].layout.offset
-    offset = to_sympy(storage_offset) - base_offset if storage_offset is not None else x.layout.offset
+    buf = ctx.buffers.get(x.name) if isinstance(x, Realized) else None
+    if buf is None:
+        raise LoweringError(ctx.origin, "as_strided of a value that is not a buffer")
+    # as_strided counts from the storage's start; loads count from the buffer's data pointer
+    offset = to_sympy(storage_offset) - buf.storage_offset if storage_offset is not None else x.layout.offset
     return _with_layout(x, [to_sympy(s) for s in size], [to_sympy(s) for s in stride], offset)
-
-
-def _is_storage_base(ctx: LoweringContext, x: Realized) -> bool:
-    buf = ctx.buffers.get(x.name)
-    return buf is not None
 
 
 @lowering(aten.diagonal.default)
