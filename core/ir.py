@@ -395,7 +395,10 @@ class ExternNode(Node):
         for lay in self.output_layouts:
             if lay is not None:
                 return lay.device
-        return torch.device("cpu")
+        for a in _flatten(list(self.args) + list(self.kwargs.values())):
+            if isinstance(a, BufferRef):
+                return a.layout.device
+        raise ValueError(f"extern call {self.name} touches no tensor, so it has no device")
 
 
 @dataclass(frozen=True)
