@@ -15,7 +15,7 @@ from coil.ops import POINTWISE_OPS
 from coil.plugins import register_backend_for_device
 from coil.symbolic import ExprPrinter, FloorDiv, ModIdx
 
-from .backend import Capabilities, DeviceBackend, Scheduling
+from .backend import Capabilities, Check, DeviceBackend, Scheduling
 from .codewriter import CodeWriter
 from .hookspecs import hookimpl
 
@@ -36,7 +36,7 @@ def cache_dir(subdir: str) -> str:
 
 
 __all__ = [
-    "API_VERSION", "hookimpl", "DeviceBackend", "Scheduling", "Capabilities", "CodeWriter",
+    "API_VERSION", "hookimpl", "DeviceBackend", "Scheduling", "Capabilities", "Check", "CodeWriter",
     "register_backend_for_device", "cache_dir", "Kernel", "KernelNode", "Loop", "Value", "Load",
     "Const", "Op", "Cast", "Masked", "IndexValue", "Indirect", "PointwiseNode", "ReductionNode",
     "ScanNode", "ScatterNode", "ExternNode", "REDUCTION_TYPES", "POINTWISE_OPS", "ExprPrinter",

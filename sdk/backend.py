@@ -27,6 +27,16 @@ class Capabilities:
     compiler_version: str = ""
 
 
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One line of ``coil doctor``: what was checked, whether it is fine, and the detail (a
+    version, or what to install)."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+
+
 class Scheduling:
     """Fusion decisions a device makes. The core proposes a fusion only when iteration spaces
     and data dependencies allow it; ``can_fuse`` may refuse more."""
@@ -67,3 +77,7 @@ class DeviceBackend:
 
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""
+
+    def doctor(self) -> list[Check]:
+        """Toolchain checks for ``coil doctor`` (compiler found, runtime present...)."""
+        return []

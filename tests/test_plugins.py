@@ -97,3 +97,25 @@ def test_register_backend_validates_device_type(fresh_registry):
 
     with pytest.raises(PluginError, match="serves 'cuda'"):
         coil.register_backend_for_device("cpu", Wrong())
+
+
+def test_doctor_names_a_broken_plugin_and_why(fresh_registry, monkeypatch):
+    from coil.cli import doctor_report
+
+    EP = importlib.metadata.EntryPoint
+    _fake_entry_points(monkeypatch, [
+        EP("broken", "coil_test_does_not_exist", plugins.ENTRY_POINT_GROUP),
+        EP("cpu_cpp", "coil_cpu_cpp", plugins.ENTRY_POINT_GROUP),
+    ])
+    text, ok = doctor_report()
+    assert not ok
+    assert "broken: import failed: ModuleNotFoundError" in text
+    assert "cpu        served by cpu_cpp" in text and "[ok] C++ compiler" in text
+
+
+def test_doctor_command_runs():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "coil.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "cpu_cpp" in out.stdout and "(entry point)" in out.stdout

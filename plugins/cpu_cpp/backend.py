@@ -61,3 +61,20 @@ class CppBackend(sdk.DeviceBackend):
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")
+
+    def doctor(self) -> list[sdk.Check]:
+        checks = []
+        try:
+            cxx = toolchain.compiler()
+            checks.append(sdk.Check("C++ compiler", True, f"{cxx}: {toolchain.compiler_version(cxx)}"))
+        except sdk.ToolchainError as exc:
+            checks.append(sdk.Check("C++ compiler", False, str(exc)))
+        try:
+            import cffi
+            checks.append(sdk.Check("cffi", True, cffi.__version__))
+        except ImportError:
+            checks.append(sdk.Check("cffi", False, "pip install cffi"))
+        vector_math = bool(toolchain.vector_math_prelude())
+        checks.append(sdk.Check("vector math (glibc libmvec)", vector_math,
+                                "declared" if vector_math else "not available: math runs scalar"))
+        return checks

@@ -1,0 +1,49 @@
+"""The ``coil`` command: ``coil doctor`` lists plugins, which plugin serves each device,
+toolchain checks, and every plugin that failed to load."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import __version__, plugins
+
+
+def doctor_report() -> tuple[str, bool]:
+    """The report's text, and whether everything checked out."""
+    from .sdk import API_VERSION
+
+    reg = plugins.registry()
+    ok = not reg.errors
+    lines = [f"coil {__version__} (coil.sdk API {API_VERSION})", "", "plugins:"]
+    for p in reg.plugins:
+        lines.append(f"  {p.name:<24} version {p.version or '-':<8} API {p.api_version:<8} ({p.source})")
+    if not reg.plugins:
+        lines.append("  (none)")
+    lines += ["", "devices:"]
+    for device_type, backend in sorted(reg.backends.items()):
+        lines.append(f"  {device_type:<10} served by {backend.name or type(backend).__name__}")
+        for check in backend.doctor():
+            ok = ok and check.ok
+            lines.append(f"    [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}")
+    if not reg.backends:
+        lines.append("  (none)")
+    if reg.errors:
+        lines += ["", "plugins that failed to load:"]
+        lines += [f"  {e.plugin}: {e.reason}" for e in reg.errors]
+    return "\n".join(lines), ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="coil", description="Coil, a pluggable-device compiler for PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="list plugins, devices, toolchain checks and load errors")
+    args = parser.parse_args(argv)
+    if args.command == "doctor":
+        text, ok = doctor_report()
+        print(text)
+        return 0 if ok else 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
