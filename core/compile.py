@@ -143,12 +143,13 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         wrapper.namespace[f"mod_{device_type}"] = module
     fn = wrapper.build()
     stages["wrapper"] = time.perf_counter() - t3
+    kernel_reports = []
+    for device_type, ks in by_device.items():
+        backend, module = compiled_modules[device_type]
+        kernel_reports += [KernelReport(k.name, device_type, backend.kernel_source(module, k),
+                                        k.origins, len(k.nodes) or 1) for k in ks]
     report = GraphReport(
-        name, kind,
-        [KernelReport(k.name, _kernel_device(k, lowered),
-                      compiled_modules[_kernel_device(k, lowered)][0].kernel_source(
-                          compiled_modules[_kernel_device(k, lowered)][1], k),
-                      k.origins, len(k.nodes) or 1) for k in kernels],
+        name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
         len(lowered.inputs), bool(lowered.symbol_sources))
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))

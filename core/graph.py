@@ -70,11 +70,8 @@ def _target_name(target: Any) -> str:
     return getattr(target, "__name__", str(target))
 
 
-def _should_realize_on_reuse(value: Lazy, users: int, config: Config) -> bool:
-    if users <= 1:
-        return False
-    ranges_idx = [sympy.Symbol(f"q{i}", integer=True) for i in range(value.ndim)]
-    body = value.load(ranges_idx)
+def _should_realize_on_reuse(body: ir.Value, config: Config) -> bool:
+    """Whether a value used more than once costs enough to store rather than recompute."""
     return (len(ir.loads(body)) > config.realize_reads_threshold
             or ir.op_count(body) > config.realize_opcount_threshold)
 
@@ -164,14 +161,14 @@ class GraphLowering:
         fn = None if node.target in LIBRARY_OPS else self.registry.lookup(node.target, device_type)
         unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)
         if fn is not None and unsupported is not None:
-            result = self._fallback(node, args, kwargs, "fallback", f"dtype {unsupported}")
-            return self._maybe_realize(node, result)
+            return self._fallback(node, args, kwargs, "fallback", f"dtype {unsupported}")
         result: Any = None
+        body: ir.Value | None = None
         mark = len(self.ctx.nodes)
         if fn is not None:
             try:
                 result = fn(self.ctx, *args, **kwargs)
-                _trial_load(result)
+                body = _trial_load(result)
             except (LoweringError, NotImplementedError, TypeError, AssertionError) as exc:
                 del self.ctx.nodes[mark:]
                 reason = str(exc) or type(exc).__name__
@@ -182,7 +179,7 @@ class GraphLowering:
             reason = "by design" if kind == "library" else "no lowering"
             result = self._fallback(node, args, kwargs, kind, reason)
         self._track_origins(args, kwargs, result, mark)
-        return self._maybe_realize(node, result)
+        return self._maybe_realize(node, result, body)
 
     def _track_origins(self, args: Any, kwargs: Any, result: Any, mark: int) -> None:
         """Lazy results and new nodes remember every ATen op inlined into them."""
@@ -199,10 +196,9 @@ class GraphLowering:
             if isinstance(new, (ir.ReductionNode, ir.ScanNode, ir.ScatterNode)):
                 new.origins = tuple(dict.fromkeys([*inlined, *new.origins]))
 
-    def _maybe_realize(self, node: torch.fx.Node, result: Any) -> Any:
-        if isinstance(result, Lazy):
-            users = len(node.users)
-            if _should_realize_on_reuse(result, users, self.ctx.config):
+    def _maybe_realize(self, node: torch.fx.Node, result: Any, body: ir.Value | None) -> Any:
+        if isinstance(result, Lazy) and body is not None and len(node.users) > 1:
+            if _should_realize_on_reuse(body, self.ctx.config):
                 return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
         return result
 
@@ -255,12 +251,16 @@ class GraphLowering:
         return GraphOutput(constant=value)
 
 
-def _trial_load(result: Any) -> None:
+def _trial_load(result: Any) -> ir.Value | None:
     """Build each lazy result's body once, so a lowering that cannot handle its inputs fails
-    here (and falls back) rather than when a later op inlines it."""
+    here (and falls back) rather than when a later op inlines it. Returns the body of a single
+    lazy result (the reuse heuristic reads it)."""
+    body = None
     for value in ir._flatten(result if isinstance(result, (list, tuple)) else [result]):
         if isinstance(value, Lazy):
-            value.load([sympy.Symbol(f"q{i}", integer=True, nonnegative=True) for i in range(value.ndim)])
+            body = value.load([sympy.Symbol(f"q{i}", integer=True, nonnegative=True)
+                               for i in range(value.ndim)])
+    return body if isinstance(result, Lazy) else None
 
 
 def _flat_outputs(out: Any) -> list[Any]:

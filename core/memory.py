@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import sympy
-import torch
 
 from . import ir
 from .kernel import Kernel
@@ -71,7 +70,7 @@ def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: se
         return (layout.device, layout.dtype, sympy.srepr(layout.storage_span()))
 
     def nbytes(layout: ir.Layout) -> int:
-        return hint(layout.storage_span()) * _itemsize(layout.dtype)
+        return hint(layout.storage_span()) * layout.dtype.itemsize
 
     allocs: list[list[Allocation]] = [[] for _ in steps]
     frees: list[list[str]] = [[] for _ in steps]
@@ -109,7 +108,3 @@ def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: se
                 frees[i].append(name)
                 live -= nbytes(buffers[name].layout)
     return MemoryPlan(allocs, frees, peak, reused)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()

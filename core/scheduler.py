@@ -101,6 +101,8 @@ class Scheduler:
         self.graph = graph
         self.policies = policies
         self.nodes = eliminate_dead(graph)
+        #: Buffers each node reads (walking a body is not free: computed once).
+        self.reads = [node.reads() for node in self.nodes]
         self.decisions: list[FusionDecision] = []
         self._build_deps()
 
@@ -110,11 +112,11 @@ class Scheduler:
         writer: dict[str, int] = {}
         self.preds: list[set[int]] = [set() for _ in self.nodes]
         readers_of_old: dict[str, set[int]] = {}
-        for i, node in enumerate(self.nodes):
-            for name in node.reads():
+        for i, reads in enumerate(self.reads):
+            for name in reads:
                 readers_of_old.setdefault(name, set()).add(i)
         for i, node in enumerate(self.nodes):
-            for name in node.reads():
+            for name in self.reads[i]:
                 if name in writer:
                     self.preds[i].add(writer[name])
             if isinstance(node, ir.PointwiseNode) and node.mutates:
@@ -166,7 +168,7 @@ class Scheduler:
             for p in self.preds[i]:
                 if isinstance(self.nodes[p], FUSABLE):
                     pairs.append((0, p, i))
-            for name in node.reads():
+            for name in self.reads[i]:
                 readers.setdefault(name, []).append(i)
         for name, rs in readers.items():
             for a, b in zip(rs, rs[1:]):
@@ -242,8 +244,8 @@ class Scheduler:
             node = self.nodes[i]
             level, body, store = placed[i]
             if isinstance(node, ir.PointwiseNode) and node.mutates:
-                others = [self.nodes[j] for j in members if j != i]
-                if any(node.mutates in {self._storage(r) for r in o.reads()} for o in others):
+                others = [j for j in members if j != i]
+                if any(node.mutates in {self._storage(r) for r in self.reads[j]} for j in others):
                     return "mutation of a buffer other fused nodes read"
             for ld in ir.loads(body):
                 if ld.buffer in written:
@@ -292,12 +294,10 @@ class Scheduler:
 
     def _make_kernel(self, name: str, group: Group, members: list[ir.Node]) -> Kernel:
         member_set = set(group.members)
-        outside_reads: set[str] = set()
-        for i, node in enumerate(self.nodes):
-            if i not in member_set:
-                outside_reads |= node.reads()
-                if isinstance(node, ir.ExternNode):
-                    outside_reads |= set(node.aliases)
+        outside_reads = {name for i, reads in enumerate(self.reads) if i not in member_set
+                         for name in reads}
+        outside_reads |= {name for node in self.nodes if isinstance(node, ir.ExternNode)
+                          for name in node.aliases}
         graph_outputs = {o.name for o in self.graph.outputs if o.name}
         special = members[0] if isinstance(members[0], (ir.ScanNode, ir.ScatterNode)) else None
         knodes: list[KernelNode] = []
@@ -317,8 +317,8 @@ class Scheduler:
         knodes = [_resolve_storage(kn, self._storage) for kn in knodes]
         outputs = sorted({self._storage(b) for b in written} - internal, key=_natural)
         reads: set[str] = set()
-        for node in members:
-            reads |= {self._storage(r) for r in node.reads()}
+        for i in group.members:
+            reads |= {self._storage(r) for r in self.reads[i]}
         inputs = sorted(reads - written - set(outputs), key=_natural)
         symbols: set[sympy.Symbol] = set()
         exprs = list(group.x) + list(group.r)

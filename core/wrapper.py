@@ -52,6 +52,7 @@ class WrapperWriter:
                                    "as_strided": torch.as_strided}
         self.w = CodeWriter()
         self.bound: set[str] = set()
+        self.allocated = {a.name for allocs in plan.allocs for a in allocs}
 
     def const(self, value: Any) -> str:
         if isinstance(value, bool) or value is None:
@@ -79,9 +80,11 @@ class WrapperWriter:
             return name
         size = ", ".join(py(s) for s in layout.size)
         stride = ", ".join(py(s) for s in layout.stride)
+        # buffers Coil allocates start at their storage; inputs and ATen results may not
+        base = f"{name}.storage_offset() + " if name not in self.allocated else ""
         return (f"as_strided({name}, ({size}{',' if len(layout.size) == 1 else ''}), "
                 f"({stride}{',' if len(layout.stride) == 1 else ''}), "
-                f"{name}.storage_offset() + {py(layout.offset)})")
+                f"{base}{py(layout.offset)})")
 
     def arg(self, value: Any) -> str:
         if isinstance(value, ir.BufferRef):
