@@ -3,7 +3,6 @@ which runs AOTAutograd with Coil's decompositions so forward and backward graphs
 Coil's compiler."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from typing import Any, Sequence
@@ -17,7 +16,7 @@ from .decompositions import table
 
 log = logging.getLogger(__name__)
 
-#: ``torch.compile(mode=...)`` values Coil accepts (CUDA-graph capture arrives with the GPU plugin).
+#: ``torch.compile(mode=...)`` values Coil accepts; "reduce-overhead" turns on graph capture.
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
@@ -36,9 +35,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     if mode not in MODES:
         from .errors import ConfigError
         raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
-    cfg = dataclasses.replace(config_mod.get())
-    for key, value in config_mod.validated(options).items():
-        setattr(cfg, key, value)
+    cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
+    if mode == "reduce-overhead":
+        cfg.graph_capture = True
 
     @torch._disable_dynamo
     def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:

@@ -15,6 +15,7 @@ import torch
 
 from . import plugins
 from .config import Config
+from .config import active as config_active
 from .errors import LoweringError
 from .graph import GraphLowering, LoweredGraph
 from .kernel import Kernel
@@ -102,6 +103,14 @@ def _hint_fn(example_inputs: Sequence[Any]) -> Callable[[sympy.Expr], int]:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
                   kind: str) -> Callable[[list[Any]], Any]:
+    """Compile one ATen graph under ``config``, which is also the configuration plugins see
+    (``DeviceBackend.options``) while it compiles."""
+    with config_active(config):
+        return _compile_graph(gm, example_inputs, config, kind)
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
+                   kind: str) -> Callable[[list[Any]], Any]:
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -142,6 +151,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     for device_type, (_, module) in compiled_modules.items():
         wrapper.namespace[f"mod_{device_type}"] = module
     fn = wrapper.build()
+    if config.graph_capture:
+        fn = _captured(fn, lowered, compiled_modules, example_inputs)
     stages["wrapper"] = time.perf_counter() - t3
     kernel_reports = []
     for device_type, ks in by_device.items():
@@ -157,6 +168,32 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         _dump(report, config.debug_dir, compiled_modules)
     for obs in list(_observers):
         obs(report)
+    return fn
+
+
+def _captured(fn: Callable[[list[Any]], Any], lowered: LoweredGraph,
+              modules: dict[str, tuple[Any, Any]], example_inputs: Sequence[Any]) -> Callable[[list[Any]], Any]:
+    """``fn`` recorded for replay by its device's backend, when one backend runs every kernel,
+    it can capture, every input lives on its device, sizes are static and no input is
+    mutated; else ``fn`` itself (and the log says why)."""
+    reason = None
+    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
+    if len(modules) != 1 or len(devices) != 1 or set(modules) != devices:
+        reason = f"kernels on {sorted(modules)}, inputs on {sorted(devices)}"
+    elif lowered.symbol_sources:
+        reason = "symbolic sizes"
+    elif any(getattr(n, "mutates", None) for n in lowered.nodes):
+        reason = "the graph mutates an input"
+    else:
+        backend, _ = next(iter(modules.values()))
+        if not backend.capabilities.graph_capture:
+            reason = f"{backend.name} cannot capture graphs"
+        else:
+            replay = backend.capture(fn, example_inputs)
+            if replay is not None:
+                return replay
+            reason = f"{backend.name} declined"
+    log.info("coil: graph capture skipped: %s", reason)
     return fn
 
 

@@ -316,7 +316,8 @@ class ReductionNode(Node):
 @dataclass
 class ScanNode(Node):
     """Inclusive scan of ``body(x, r0)`` along ``r0`` (cumsum, cumprod): ``ranges`` are the
-    other dims, ``scan_range`` the scanned one."""
+    other dims, ``scan_range`` the scanned one. ``body`` and ``store_index`` are written over
+    ``x0..`` (one per entry of ``ranges``) and ``r0``."""
 
     layout: Layout
     ranges: tuple[Expr, ...]
@@ -339,7 +340,9 @@ class ScatterNode(Node):
     """Copies ``base(x)`` over ``ranges``, then for every ``s`` in ``src_ranges`` writes
     ``value(s)`` at ``target_index(s)`` (which may hold ``Indirect`` symbols bound by
     ``target_indirect``), combining with ``accumulate`` ("add", "mul", "amax", "amin", or
-    None to overwrite; overwrites run in order, the last write wins as in eager)."""
+    None to overwrite; overwrites run in order, the last write wins as in eager).
+    ``base`` and ``store_index`` are written over ``x0..`` (one per entry of ``ranges``);
+    ``value``, ``target_index`` and ``target_indirect`` over ``r0..`` (``src_ranges``)."""
 
     layout: Layout
     ranges: tuple[Expr, ...]

@@ -60,14 +60,14 @@ def _new_manager() -> pluggy.PluginManager:
 
 
 def _check_api(name: str, declared: str) -> None:
-    from .sdk import API_VERSION
-    if not declared:
-        raise PluginError(name, f"declares no API version (implement coil_api_version; "
-                                f"Coil's is {API_VERSION})")
-    if declared.split(".")[0] != API_VERSION.split(".")[0]:
-        raise PluginError(name, f"written for coil.sdk API {declared}, Coil provides {API_VERSION}; "
-                                f"the major versions differ, so the contract changed (see the "
-                                f"plugin guide's versioning section)")
+    """Refuse a plugin whose declared API version this Coil cannot serve; the reason names
+    both versions and what changed between them (policy: :mod:`coil.sdk.versions`)."""
+    from .sdk.versions import compatibility
+    ok, message = compatibility(declared)
+    if not ok:
+        raise PluginError(name, message)
+    if message:
+        log.debug("plugin %s: %s", name, message)
 
 
 def _add_plugin(reg: Registry, module: Any, info: PluginInfo) -> None:

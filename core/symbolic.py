@@ -140,7 +140,8 @@ class ExprPrinter:
     def maximum(self, args: list[str]) -> str:
         return f"max({', '.join(args)})"
 
-    def print(self, e: sympy.Expr) -> str:
+    def print(self, e: sympy.Expr | int) -> str:
+        e = sympy.sympify(e)
         if e.is_Integer:
             return self.integer(int(e))
         if e.is_Symbol:

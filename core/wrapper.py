@@ -99,6 +99,7 @@ class WrapperWriter:
         self.ns.update(self.graph.constants)
         with self.w.block("def call(args):"):
             self._bind_inputs()
+            self._prologues()
             for i, step in enumerate(self.steps):
                 for alloc in self.plan.allocs[i]:
                     self._alloc(alloc)
@@ -123,6 +124,21 @@ class WrapperWriter:
             expr = src if kind == "value" else f"{src}.{'size' if kind == 'size' else 'stride'}({dim})"
             self.w.line(f"{symbol.name} = {expr}")
             self.bound.add(symbol.name)
+
+    def _prologues(self) -> None:
+        """Each backend's once-per-call lines (a stream, a device), per device it launches on."""
+        seen: set[tuple[str, str]] = set()
+        for step in self.steps:
+            if not isinstance(step, Kernel):
+                continue
+            backend, module_var = self.launchers[step.name]
+            node = step.special or step.nodes[0].node
+            device = node.device
+            if (module_var, str(device)) in seen:
+                continue
+            seen.add((module_var, str(device)))
+            for line in backend.prologue(module_var, device):
+                self.w.line(line)
 
     def _alloc(self, alloc: Any) -> None:
         lay = alloc.layout

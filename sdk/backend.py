@@ -4,7 +4,7 @@ launch)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import torch
 
@@ -23,8 +23,31 @@ class Capabilities:
         {"sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford"})
     scans: bool = True
     scatter: bool = True
+    #: How the backend schedules reductions ("persistent": the row in registers, "looped":
+    #: blocks of the row in a loop, "split": across programs); informational for reports.
+    reduction_strategies: frozenset[str] = frozenset({"looped"})
+    #: Bytes a memory transaction moves (a cache line, or a coalesced warp access).
+    memory_transaction_bytes: int = 64
+    #: Whether ``DeviceBackend.capture`` records whole graphs for replay (CUDA graphs, say).
+    graph_capture: bool = False
+    #: Whether the backend tunes kernels at run time (the conformance kit tests its cache).
+    autotune: bool = False
+    #: ATen ops (``"mm"``, ``"addmm"``, ``"bmm"``) the backend generates from templates.
+    templates: frozenset[str] = frozenset()
+    #: Whether kernels take symbolic sizes (one compile serves every size).
+    dynamic_shapes: bool = True
+    #: Whether backward graphs (training) compile for this device.
+    backward: bool = True
     compiler: str = ""
     compiler_version: str = ""
+
+    def cache_key(self) -> str:
+        """Everything above in one stable string, for on-disk cache keys."""
+        parts = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            parts.append(f"{f.name}={sorted(map(str, v)) if isinstance(v, frozenset) else v}")
+        return ";".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +83,26 @@ class DeviceBackend:
 
     #: ``torch.device(...).type`` this backend serves.
     device_type: str = ""
-    #: A name for reports and ``coil doctor``.
+    #: A name for reports and ``coil doctor``; also the namespace of the backend's options.
     name: str = ""
     capabilities: Capabilities = Capabilities()
     scheduling: Scheduling = Scheduling()
+    #: The backend's knobs: a (frozen) dataclass whose fields have defaults and doc comments.
+    #: ``COIL_<NAME>_<FIELD>``, ``torch.compile(..., options={"<name>.<field>": v})`` and
+    #: ``coil.config.override(**{"<name>.<field>": v})`` set them; read them as ``self.options``.
+    Options: ClassVar[type | None] = None
+
+    @property
+    def options(self) -> Any:
+        """The ``Options`` instance in force for the compile in progress (None without
+        ``Options``). Read it while compiling; an instance may change between compiles."""
+        from coil import config
+        return config.backend_options(self)
+
+    def options_key(self) -> str:
+        """``self.options`` as a stable string, for on-disk cache keys."""
+        from coil import config
+        return config.options_key(self.options)
 
     def compile(self, kernels: Sequence[Any], graph_name: str) -> Any:
         raise NotImplementedError
@@ -74,6 +113,18 @@ class DeviceBackend:
     def kernel_source(self, compiled: Any, kernel: Any) -> str:
         """Generated source of one kernel (for reports and ``COIL_DEBUG_DIR``)."""
         return ""
+
+    def prologue(self, module_var: str, device: torch.device) -> list[str]:
+        """Wrapper lines run once per call, before the first launch on ``device`` (bind the
+        current stream, say). Names they define are visible to every ``call_line``."""
+        return []
+
+    def capture(self, fn: Any, example_inputs: Sequence[Any]) -> Any:
+        """Record ``fn`` (the compiled graph's callable, boxed: it takes the argument list)
+        for replay and return the replaying callable, or None when the backend cannot.
+        Called when ``torch.compile(..., mode="reduce-overhead")`` or the ``graph_capture``
+        option asks for it; only for graphs whose every kernel runs on this backend."""
+        return None
 
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""

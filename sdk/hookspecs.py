@@ -16,7 +16,8 @@ hookimpl = pluggy.HookimplMarker("coil")
 @hookspec
 def coil_api_version() -> str:
     """The ``coil.sdk`` API version the plugin was written for (``coil.sdk.API_VERSION`` at
-    the time). A plugin whose major version differs from Coil's is skipped and reported."""
+    the time). A plugin whose major version differs from Coil's, or whose minor version is
+    newer, is skipped and reported with what changed (policy: :mod:`coil.sdk.versions`)."""
 
 
 @hookspec

@@ -4,10 +4,35 @@ from __future__ import annotations
 import os
 import tempfile
 
-import pytest
-import torch
+# Without a GPU, Triton kernels run under Triton's interpreter, which must be chosen before
+# triton is first imported (importing torch's Dynamo imports it).
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("COIL_CACHE_DIR", tempfile.mkdtemp(prefix="coil-test-cache-"))
+
+#: ``COIL_TEST_DEVICE=cuda`` makes new tensors CUDA tensors by default, so the differential
+#: tests run on the GPU (through the Triton plugin) against eager on the GPU.
+if os.environ.get("COIL_TEST_DEVICE"):
+    torch.set_default_device(os.environ["COIL_TEST_DEVICE"])
+
+#: ``COIL_TEST_BACKEND=triton`` routes the ``cpu`` device to the Triton plugin under
+#: Triton's interpreter, so the differential tests check the Triton kernels too.
+TEST_BACKEND = os.environ.get("COIL_TEST_BACKEND", "cpu_cpp")
+
+
+@pytest.fixture(autouse=True)
+def _route_backend():
+    if TEST_BACKEND != "triton":
+        yield
+        return
+    import coil
+    from coil_cuda_triton.testing import interpreted_backend
+    coil.register_backend_for_device("cpu", interpreted_backend(), name="triton-interpreter")
+    yield
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,8 @@ data-dependent ``Indirect`` indices, and of scatter writes (scatter, scatter_add
 scatter_reduce, index_put) as ``ScatterNode``s."""
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,7 +17,7 @@ from ..ir import Expr
 from .context import LoweringContext, layout_from_meta
 from .pointwise import check_dtype
 from .registry import lowering
-from .values import Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
+from .values import Lazy, Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
 
 aten = torch.ops.aten
 
@@ -27,6 +29,25 @@ def indirect(ctx: LoweringContext, index: ir.Value, size: Expr) -> ir.Indirect:
 
 def load_indirect(x: Realized, src: Sequence[Expr], inds: Sequence[ir.Indirect]) -> ir.Value:
     return ir.Load(x.dtype, buffer=x.name, index=x.layout.index(list(src)), indirect=tuple(inds))
+
+
+def inline_indirect(x: Lazy, src: Sequence[Expr], inds: Sequence[ir.Indirect]) -> ir.Value | None:
+    """``x``'s body at a data-dependent index, when every use of the indirect variables sits
+    in a load (which then carries them); None when the body uses them otherwise (as data)."""
+    body = x.load(list(src))
+    symbols = {ind.symbol for ind in inds}
+    for v in ir.walk(body):
+        if isinstance(v, ir.IndexValue) and v.expr.free_symbols & symbols:
+            return None
+        if isinstance(v, ir.Indirect) and sympy.sympify(v.size).free_symbols & symbols:
+            return None
+
+    def attach(ld: ir.Load) -> ir.Value | None:
+        if ld.index.free_symbols & symbols:
+            return dataclasses.replace(ld, indirect=(*ld.indirect, *inds))
+        return None
+
+    return ir.replace_loads(body, attach)
 
 
 def _check_index(ctx: LoweringContext, idx: TensorValue) -> None:
@@ -118,19 +139,31 @@ def _embedding(ctx: LoweringContext, weight: TensorValue, indices: TensorValue, 
 @lowering(aten.gather.default)
 def _gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
             *, sparse_grad: bool = False) -> TensorValue:
-    x = ctx.realize(x)
     check_dtype(x.dtype, ctx.origin)
+    if index.ndim != x.ndim and x.ndim != 0:
+        raise LoweringError(ctx.origin, "index and input ranks differ")
+    # a cheap pointwise input is read where the index points instead of being written out
+    # whole first (cross-entropy gathers one element per row of a log-softmax)
+    inline = isinstance(x, Lazy) and x.ndim != 0 and \
+        ir.op_count(x.load(list(x.size))) <= ctx.config.realize_opcount_threshold
+    if not inline:
+        x = ctx.realize(x)
     if x.ndim == 0:
         return lazy(x.dtype, x.device, index.size, lambda idx: x.load([]))
-    if index.ndim != x.ndim:
-        raise LoweringError(ctx.origin, "index and input ranks differ")
     dim = dim % x.ndim
+    realized: list[Realized] = []
 
     def fn(idx: list[Expr]) -> ir.Value:
         ind = indirect(ctx, index.load(idx), x.size[dim])
         src = list(idx)
         src[dim] = ind.symbol
-        return load_indirect(x, src, [ind])
+        if inline and not realized:
+            got = inline_indirect(x, src, [ind])  # type: ignore[arg-type]
+            if got is not None:
+                return got
+            realized.append(ctx.realize(x))
+        base = realized[0] if realized else x
+        return load_indirect(base, src, [ind])  # type: ignore[arg-type]
 
     return lazy(x.dtype, x.device, index.size, fn)
 

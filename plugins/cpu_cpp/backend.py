@@ -2,6 +2,7 @@
 the system compiler, loaded through cffi, launched with raw data pointers."""
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -28,6 +29,12 @@ class CppBackend(sdk.DeviceBackend):
     name = "cpu_cpp"
     scheduling = CppScheduling()
 
+    @dataclass(frozen=True)
+    class Options:
+        #: Extra C++ compiler flags, after Coil's ``-O3 -march=native -fopenmp ...`` (a later
+        #: flag wins: ``"-O1"``, ``"-fno-tree-vectorize"``, ``"-DNAME=1"``).
+        extra_cflags: str = ""
+
     def __init__(self) -> None:
         import os
         self.capabilities = sdk.Capabilities(vector_width=16, compiler=os.environ.get("CXX", "g++"))
@@ -48,7 +55,8 @@ class CppBackend(sdk.DeviceBackend):
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
         import cffi
         source, decls, per_kernel = self.generate(kernels)
-        path = toolchain.library_for(source)
+        path = toolchain.library_for(source, shlex.split(self.options.extra_cflags),
+                                     f"{self.options_key()}|{self.capabilities.cache_key()}")
         ffi = cffi.FFI()
         ffi.cdef("\n".join(decls))
         lib = ffi.dlopen(str(path))

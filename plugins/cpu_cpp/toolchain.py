@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Sequence
 
 import coil.sdk as sdk
 
@@ -85,12 +86,15 @@ def vector_math_prelude() -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-def library_for(source: str) -> Path:
-    """Path of the compiled library for ``source``, compiling it if the cache lacks it."""
+def library_for(source: str, extra_flags: Sequence[str] = (), key_extra: str = "") -> Path:
+    """Path of the compiled library for ``source``, compiling it if the cache lacks it.
+    ``extra_flags`` follow Coil's flags; ``key_extra`` (the backend's options and
+    capabilities) enters the cache key."""
     cxx = compiler()
     header = HEADER.read_text()
-    key = hashlib.sha256("\0".join([source, header, " ".join(FLAGS), compiler_version(cxx),
-                                    cpu_id()]).encode()).hexdigest()
+    flags = [*FLAGS, *extra_flags]
+    key = hashlib.sha256("\0".join([source, header, " ".join(flags), compiler_version(cxx),
+                                    cpu_id(), key_extra]).encode()).hexdigest()
     folder = Path(sdk.cache_dir("cpu_cpp")) / key[:2]
     folder.mkdir(parents=True, exist_ok=True)
     lib = folder / f"{key}.so"
@@ -100,7 +104,7 @@ def library_for(source: str) -> Path:
     _write_atomic(src, source)
     fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
     os.close(fd)
-    cmd = [cxx, *FLAGS, f"-I{HEADER.parent}", str(src), "-o", tmp, "-lm"]
+    cmd = [cxx, *flags, f"-I{HEADER.parent}", str(src), "-o", tmp, "-lm"]
     log.debug("compiling %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:

@@ -1,0 +1,22 @@
+"""Coil's reference GPU plugin: Triton kernels for CUDA tensors, autotuned, launched from a
+lean wrapper, optionally replayed as CUDA graphs.
+
+Registered through the ``coil.plugins`` entry point like any vendor plugin; imports only
+``coil.sdk`` (Triton itself is imported when a graph is compiled, so a machine without
+Triton still loads Coil and reports the missing package in ``coil doctor``)."""
+from __future__ import annotations
+
+import coil.sdk as sdk
+
+__version__ = "0.1.0"
+
+
+@sdk.hookimpl
+def coil_api_version() -> str:
+    return "0.1.0"
+
+
+@sdk.hookimpl
+def coil_device_backends() -> list[sdk.DeviceBackend]:
+    from .backend import TritonBackend
+    return [TritonBackend()]

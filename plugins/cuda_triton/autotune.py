@@ -1,0 +1,101 @@
+"""The autotuner's memory and its clock.
+
+Winners are kept on disk, one small JSON file per (kernel source, GPU, versions, size
+bucket) key under Coil's cache directory, so a second process compiles only the winner and
+tunes nothing. Timing is injected (``bench``), so the selection logic is tested without a
+GPU; on the GPU it is CUDA-event timing of a few launches."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from typing import Any, Callable, Sequence
+
+import coil.sdk as sdk
+
+from .configs import Config
+
+log = logging.getLogger(__name__)
+
+
+def cache_key(source: str, device_name: str, versions: str, bucket: tuple[int, ...] | None,
+              options: str = "") -> str:
+    text = "\n".join([source, device_name, versions, repr(bucket), options])
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class TuneCache:
+    """Winning configurations on disk (atomic writes; readers never see half a file)."""
+
+    def __init__(self, folder: str | None = None) -> None:
+        self.folder = folder or sdk.cache_dir("triton-autotune")
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.folder, f"{key}.json")
+
+    def get(self, key: str) -> Config | None:
+        try:
+            with open(self._path(key)) as f:
+                data = json.load(f)
+            return Config(**data["config"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, config: Config, timings: dict[str, float], kernel: str) -> None:
+        data = {"kernel": kernel, "config": config.__dict__, "timings_ms": timings}
+        fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, self._path(key))
+
+
+def select(configs: Sequence[Config], run: Callable[[Config], Callable[[], None]],
+           bench: Callable[[Callable[[], None]], float]) -> tuple[Config, dict[str, float]]:
+    """The fastest configuration: ``run(cfg)`` gives a no-argument launch, ``bench`` times it
+    in milliseconds. A configuration that fails to launch is skipped (and reported)."""
+    timings: dict[str, float] = {}
+    failures: list[str] = []
+    best: tuple[float, Config] | None = None
+    for cfg in configs:
+        try:
+            ms = bench(run(cfg))
+        except Exception as exc:  # e.g. out of shared memory or registers for this config
+            log.info("coil: config %s failed: %s", cfg, exc)
+            failures.append(f"{cfg}: {type(exc).__name__}: {exc}")
+            continue
+        timings[str(cfg)] = ms
+        if best is None or ms < best[0]:
+            best = (ms, cfg)
+    if best is None:
+        raise sdk.KernelCompileError("<autotune>", "every candidate configuration failed:\n" + "\n".join(failures))
+    return best[1], timings
+
+
+def cuda_bench(fn: Callable[[], None], reps: int = 5) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream, after one warm-up launch."""
+    import torch
+    fn()
+    start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for s, e in zip(start, end):
+        s.record()
+        fn()
+        e.record()
+    torch.cuda.synchronize()
+    times = sorted(s.elapsed_time(e) for s, e in zip(start, end))
+    return times[len(times) // 2]
+
+
+def wall_bench(fn: Callable[[], None], reps: int = 1) -> float:
+    """Milliseconds of ``fn`` by the host clock (the interpreter, CPU tensors)."""
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) * 1000 / reps
+
+
+def describe(config: Config) -> dict[str, Any]:
+    return dict(config.__dict__)

@@ -1,0 +1,222 @@
+"""The Triton device backend: a graph's kernels become one module of ``@triton.jit``
+functions, built in parallel, launched from the wrapper on the current CUDA stream.
+
+``TritonBackend(interpret=True)`` runs the same kernels under Triton's interpreter on CPU
+tensors; CI routes the ``cpu`` device to it with ``coil.register_backend_for_device``."""
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+import coil.sdk as sdk
+
+from . import autotune, loader
+from .codegen import KernelSource, KernelWriter
+from .launch import Launcher
+from .special import special_kernel
+from .split import SplitLauncher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CompiledModule:
+    """What the wrapper calls: one launcher per kernel, as attributes."""
+
+    source: str
+    sources: dict[str, str]
+    launchers: dict[str, Launcher] = field(default_factory=dict)
+
+    @staticmethod
+    def enter(index: int) -> int:
+        """Make device ``index`` current (kernels launch on the current device, the one
+        their binaries were loaded on) and return its current raw stream for launches."""
+        if torch.cuda.current_device() != index:
+            torch.cuda.set_device(index)
+        return torch._C._cuda_getCurrentRawStream(index)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["launchers"][name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class Chain:
+    """Launches several Triton functions in order for one Coil kernel (a scatter's base copy,
+    then its sources)."""
+
+    def __init__(self, launchers: list[Launcher]) -> None:
+        self.launchers = launchers
+
+    def __call__(self, stream: Any, *args: Any) -> None:
+        for launcher in self.launchers:
+            launcher(stream, *args)
+
+
+class TritonScheduling(sdk.Scheduling):
+    max_fusion_size = 64
+
+
+@dataclass(frozen=True)
+class TritonOptions:
+    #: Check every data-dependent index against its bounds on the device (``tl.device_assert``,
+    #: kernels built in Triton's debug mode): slower, for finding an out-of-range gather.
+    bounds_check: bool = False
+
+
+class TritonBackend(sdk.DeviceBackend):
+    device_type = "cuda"
+    name = "cuda_triton"
+    scheduling = TritonScheduling()
+    Options = TritonOptions
+
+    def __init__(self, interpret: bool = False, bounds_check: bool | None = None,
+                 tune_in_interpreter: bool = False) -> None:
+        self.interpret = interpret
+        #: Under the interpreter, tune like the GPU does (tests of the tuner and its cache).
+        self.tune_in_interpreter = tune_in_interpreter
+        #: Overrides the ``bounds_check`` option when set (tests use it).
+        self._bounds_check = bounds_check
+        self.capabilities = sdk.Capabilities(
+            vector_width=32, reductions=frozenset(sdk.REDUCTION_TYPES),
+            reduction_strategies=frozenset({"persistent", "looped"}), memory_transaction_bytes=128,
+            graph_capture=not interpret, autotune=True, compiler="triton",
+            compiler_version=_triton_version())
+        #: Every kernel generated so far (CI compiles each ahead of time for Hopper).
+        self.generated: list[tuple[KernelSource, Any]] = []
+
+    # -- codegen and build
+
+    def generate(self, kernel: sdk.Kernel) -> list[KernelSource]:
+        """The Triton functions of one kernel, launched in order (one, except for scatters)."""
+        if kernel.special is not None:
+            return special_kernel(kernel, self.interpret)
+        return KernelWriter(kernel, self.interpret, self.bounds_check).generate()
+
+    @property
+    def bounds_check(self) -> bool:
+        if self._bounds_check is not None:
+            return self._bounds_check
+        options = self.options
+        return bool(options.bounds_check) if options is not None else False
+
+    def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
+        parts = [self.generate(k) for k in kernels]
+        header = "# Coil Triton kernels of " + graph_name + "\n"
+        text = header + "\n\n".join(s.source for srcs in parts for s in srcs)
+        module = loader.load(text, self.interpret)
+        compiled = CompiledModule(text, {k.name: "\n".join(s.source for s in srcs)
+                                         for k, srcs in zip(kernels, parts)})
+        device = self._device_name()
+        every: list[Launcher] = []
+        for srcs, k in zip(parts, kernels):
+            launchers = []
+            for src in srcs:
+                fn = getattr(module, src.name)
+                self.generated.append((src, fn))
+                launchers.append(Launcher(
+                    src, fn, interpret=self.interpret, mutated=_mutated_args(k), debug=self.bounds_check,
+                    tune_key=_key_fn(src.source, device, self.options_text()),
+                    tune_in_interpreter=self.tune_in_interpreter))
+            every += launchers
+            if srcs[0].workspaces:
+                compiled.launchers[k.name] = SplitLauncher(
+                    launchers[0], launchers[1], len(k.inputs) + len(k.outputs), srcs[0].workspaces)
+            else:
+                compiled.launchers[k.name] = launchers[0] if len(launchers) == 1 else Chain(launchers)
+        self._precompile(every)
+        if self.interpret:
+            _record_manifest(text, [s for srcs in parts for s in srcs])
+        return compiled
+
+    def _precompile(self, launchers: list[Launcher]) -> None:
+        if self.interpret or not launchers:
+            return
+        workers = min(len(launchers), os.cpu_count() or 1, 16)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            for f in [pool.submit(la.precompile) for la in launchers]:
+                f.result()
+
+    def options_text(self) -> str:
+        return f"bounds_check={self.bounds_check};{self.capabilities.cache_key()}"
+
+    def _device_name(self) -> str:
+        if self.interpret:
+            return "triton-interpreter"
+        return torch.cuda.get_device_name()
+
+    # -- wrapper
+
+    def prologue(self, module_var: str, device: torch.device) -> list[str]:
+        if self.interpret:
+            return [f"stream_{module_var} = None"]
+        index = device.index if device.index is not None else 0
+        return [f"stream_{module_var} = {module_var}.enter({index})"]
+
+    def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
+        return f"{module_var}.{kernel.name}(stream_{module_var}, {', '.join(args)})"
+
+    def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
+        return compiled.sources.get(kernel.name, "")
+
+    def synchronize(self) -> None:
+        if not self.interpret and torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def capture(self, fn: Any, example_inputs: Sequence[Any]) -> Any:
+        if self.interpret:
+            return None
+        from .graphs import GraphReplay
+        return GraphReplay(fn)
+
+    def doctor(self) -> list[sdk.Check]:
+        checks = []
+        version = _triton_version()
+        checks.append(sdk.Check("triton", bool(version), version or "pip install triton==3.6.0"))
+        if not self.interpret:
+            ok = torch.cuda.is_available()
+            detail = torch.cuda.get_device_name() if ok else "no CUDA device visible to torch"
+            checks.append(sdk.Check("CUDA device", ok, detail))
+        return checks
+
+
+def _record_manifest(text: str, sources: list[KernelSource]) -> None:
+    """Under the interpreter, note each kernel and its GPU configurations next to the module
+    file, so CI can compile every generated kernel for Hopper afterwards
+    (``python -m coil_cuda_triton.aot``), in a process without the interpreter."""
+    import json
+    path = loader.source_path(text)
+    entry = {"source_path": path, "kernels": [
+        {"name": s.name, "params": s.params, "types": s.types, "shape": s.shape,
+         "buffers": s.buffers, "configs": [c.__dict__ for c in s.configs]} for s in sources]}
+    with open(path[:-3] + ".json", "w") as f:
+        json.dump(entry, f)
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+        return triton.__version__
+    except ImportError:
+        return ""
+
+
+def _key_fn(source: str, device: str, options: str) -> Any:
+    versions = f"torch={torch.__version__} triton={_triton_version()}"
+    return lambda bucket: autotune.cache_key(source, device, versions, bucket, options)
+
+
+def _mutated_args(k: sdk.Kernel) -> list[int]:
+    """Argument positions of buffers the kernel writes and also reads (tuning clones them)."""
+    args = k.args
+    written = set(k.outputs)
+    read = set(k.inputs)
+    for kn in k.nodes:
+        read |= {ld.buffer for ld in sdk.loads(kn.body)}
+    return [i for i, a in enumerate(args) if a in written and a in read]

@@ -1,0 +1,469 @@
+"""Triton source for one Coil kernel.
+
+Pointwise kernels are 1-D: one program covers ``XBLOCK`` consecutive points of the flat
+kept space. Reduction kernels work on ``[XBLOCK, RBLOCK]`` blocks (kept points by reduced
+elements) in one of two shapes chosen by the length of the reduced row:
+
+* ``persistent`` — the row fits in one block: every value stays in registers, each r-level
+  loop of the kernel is straight-line code over the same block, and inputs are read once;
+* ``looped`` — the row is longer: each r-level loop of the kernel becomes a ``for`` over
+  blocks of the row with per-lane accumulators (:mod:`.reductions`).
+
+Masks exist only where sizes need them: a kept or reduced extent known to divide by every
+block size the autotuner may pick has no mask."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Loop,
+                      Masked, Op, ReductionNode, ScanNode, ScatterNode, Value)
+
+from . import configs, indexing, online_softmax, split
+from .indexing import IndexWriter, Level, Run
+from .optable import HALF, INTEGER_IDENTITY, OPS, POINTER, STORAGE, compute, literal
+from .reductions import Reduction
+
+#: Longest reduced row (elements) kept whole in registers.
+PERSISTENT_LIMIT = 8192
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class KernelSource:
+    """A generated kernel and what its launcher needs to know."""
+
+    name: str
+    source: str
+    #: Parameters in launch order (pointers, then sizes), with signature types.
+    params: list[str]
+    types: list[str]
+    #: "pointwise" | "persistent" | "looped" | "scan" | "scatter"
+    shape: str
+    xnumel: sympy.Expr
+    rnumel: sympy.Expr = sympy.Integer(1)
+    #: Launch configurations the autotuner chooses from (static sizes; symbolic ones get
+    #: candidates per size bucket from :func:`configs.candidates`).
+    configs: list[configs.Config] = field(default_factory=list)
+    #: True when the reduction's accesses are contiguous along the kept dims (``x.sum(0)``).
+    x_contiguous: bool = False
+    #: Buffers whose pointer is a parameter (inputs then outputs) in ``params`` order.
+    buffers: list[str] = field(default_factory=list)
+    #: (elements, dtype) of scratch buffers the launcher allocates (split reductions).
+    workspaces: list = field(default_factory=list)
+    #: Whether the source masks the kept / reduced extents (else blocks must divide them).
+    xmask: bool = True
+    rmask: bool = True
+
+
+def _static(e: sympy.Expr) -> int | None:
+    e = sympy.sympify(e)
+    return int(e) if e.is_number else None
+
+
+class Scope:
+    """Values already computed in the current straight-line region, and the load mask."""
+
+    def __init__(self, parent: "Scope | None" = None, mask: str | None = None) -> None:
+        self.parent = parent
+        self.memo: dict[Value, str] = {}
+        self.mask = mask if mask is not None or parent is None else parent.mask
+
+    def get(self, v: Value) -> str | None:
+        s: Scope | None = self
+        while s is not None:
+            if v in s.memo:
+                return s.memo[v]
+            s = s.parent
+        return None
+
+
+class KernelWriter:
+    def __init__(self, kernel: Kernel, interpret: bool = False, bounds_check: bool = False) -> None:
+        self.k = kernel
+        self.interpret = interpret
+        self.bounds_check = bounds_check
+        self.w = CodeWriter()
+        self.counter = 0
+        #: Buffers whose current value is a variable (internal buffers, values just stored).
+        self.regs: dict[str, str] = {}
+        self.reduction = bool(kernel.r_ranges)
+        self.xnumel = sympy.Mul(*kernel.x_ranges) if kernel.x_ranges else sympy.Integer(1)
+        self.rnumel = sympy.Mul(*kernel.r_ranges) if kernel.r_ranges else sympy.Integer(1)
+        self.x_contiguous = self.reduction and _contiguous_along_x(kernel)
+        self.shape = "looped"
+        if not self.reduction:
+            self.shape = "pointwise"
+        elif _static(self.rnumel) is not None and _static(self.rnumel) <= PERSISTENT_LIMIT \
+                and not self.x_contiguous:  # a column of a row-major matrix is not one block
+            self.shape = "persistent"
+        self.configs = configs.candidates(self.shape, _static(self.xnumel), _static(self.rnumel),
+                                          self.x_contiguous)
+        self.xmask = self._needs_xmask()
+        self.rmask = self._needs_rmask()
+        self.persistent_scope: Scope | None = None
+        xshape = "[:, None]" if self.reduction else ""
+        levels = [Level("x", kernel.x_vars, kernel.x_ranges, "xindex")]
+        if self.reduction:
+            levels.append(Level("r", kernel.r_vars, kernel.r_ranges, "rindex"))
+        self.levels = {lv.prefix: lv for lv in levels}
+        self.ix = IndexWriter(levels)
+        self._xshape = xshape
+        self.int64 = self._needs_int64()
+        # numel as text in expressions (a name assigned in the kernel would become a tensor
+        # under the interpreter, which ``range`` cannot take)
+        self.xnumel_text = indexing.text(self.xnumel)
+        self.rnumel_text = indexing.text(self.rnumel)
+
+    # -- decisions
+
+    def _needs_xmask(self) -> bool:
+        n = _static(self.xnumel)
+        return n is None or any(n % c.xblock for c in self.configs)
+
+    def _needs_rmask(self) -> bool:
+        n = _static(self.rnumel)
+        if not self.reduction:
+            return False
+        if n is None:
+            return True
+        return any(n % c.rblock for c in self.configs)
+
+    def _needs_int64(self) -> bool:
+        exprs = [self.xnumel * self.rnumel]
+        for kn in self.k.nodes:
+            exprs.append(kn.store_index)
+            exprs += [ld.index for ld in _loads(kn.body)]
+        bounds = {**dict(zip(self.k.x_vars, self.k.x_ranges)), **dict(zip(self.k.r_vars, self.k.r_ranges))}
+        for e in exprs:
+            e = sympy.expand(sympy.sympify(e))
+            top = e.xreplace({s: n - 1 for s, n in bounds.items()})
+            if not top.is_number or abs(int(top)) + 1 > INT32_LIMIT // 2:
+                return True
+        return False
+
+    def mask(self, level: str) -> str | None:
+        parts = []
+        if self.xmask:
+            parts.append("xmask")
+        if level == "r" and self.rmask:
+            parts.append("rmask")
+        return " & ".join(parts) or None
+
+    # -- entry
+
+    def generate(self) -> list[KernelSource]:
+        """The kernel's Triton functions, launched in order (two for a split reduction)."""
+        if self.reduction:
+            parts = split.splits(self)
+            if parts > 1:
+                return split.generate(self, parts)
+        return [self._generate()]
+
+    def _generate(self) -> KernelSource:
+        k = self.k
+        params = [f"p_{b}" for b in k.inputs + k.outputs] + [s.name for s in k.size_args]
+        types = [POINTER[k.dtypes[b]] for b in k.inputs + k.outputs] + ["i64"] * len(k.size_args)  # type: ignore[index]
+        constexprs = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.reduction else [])
+        self.w.line("@jit")
+        with self.w.block(f"def {k.name}({', '.join(params + constexprs)}):"):
+            self._prologue()
+            if self.reduction:
+                self._reduction_body()
+            else:
+                scope = Scope(mask=self.mask("x"))
+                self._emit(k.nodes, "x", scope)
+        return KernelSource(k.name, self.w.text(), params, types, self.shape, self.xnumel, self.rnumel,
+                            self.configs, self.x_contiguous, k.inputs + k.outputs,
+                            xmask=self.xmask, rmask=self.rmask)
+
+    def _prologue(self) -> None:
+        w = self.w
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        w.line(f"xindex = {pid} * XBLOCK + tl.arange(0, XBLOCK){self._xshape}")
+        if self.xmask:
+            w.line(f"xmask = xindex < {self.xnumel_text}")
+        if self.reduction:
+            w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        self.define_x()
+
+    def define_x(self) -> None:
+        w = self.w
+        runs = set()
+        for kn in self.k.nodes:
+            for e in _indices(kn):
+                runs |= {r for r in self.ix.split(e)[1] if r.prefix == "x"}
+        for run in sorted(runs, key=lambda r: (r.lo, r.hi)):
+            w.line(self.levels["x"].definition(run))
+
+    def _define_r(self, nodes: list[KernelNode]) -> None:
+        runs: set[Run] = set()
+        for kn in nodes:
+            for e in _indices(kn):
+                runs |= {r for r in self.ix.split(e)[1] if r.prefix == "r"}
+        for run in sorted(runs, key=lambda r: (r.lo, r.hi)):
+            self.w.line(self.levels["r"].definition(run))
+
+    # -- reduction kernels
+
+    def _reduction_body(self) -> None:
+        w = self.w
+        if self.shape == "persistent":
+            w.line("rindex = rbase")
+            if self.rmask:
+                w.line(f"rmask = rindex < {self.rnumel_text}")
+            self._define_r([kn for loop in self.k.loops if loop.level == "r" for kn in loop.nodes])
+        stored_r: set[str] = set()
+        loops = list(self.k.loops)
+        i = 0
+        while i < len(loops):
+            loop = loops[i]
+            if loop.level == "x":
+                self._emit(loop.nodes, "x", Scope(mask=self.mask("x")))
+            elif self.shape == "persistent":
+                self._persistent_loop(loop)
+            elif i + 1 < len(loops) and online_softmax.matches(loop, loops[i + 1]):
+                online_softmax.emit(self, loop.nodes[0], loops[i + 1].nodes[0])
+                i += 1
+            else:
+                reads = {ld.buffer for kn in loop.nodes for ld in _loads(kn.body)}
+                if reads & stored_r:
+                    w.line("tl.debug_barrier()")  # values another thread stored in an earlier loop
+                self._looped_loop(loop)
+            stored_r |= {kn.stores[0] for kn in loop.nodes if loop.level == "r" and not kn.is_reduction}
+            i += 1
+
+    def _persistent_loop(self, loop: Loop) -> None:
+        # one block holds the whole row, so values computed in an earlier loop stay valid
+        if self.persistent_scope is None:
+            self.persistent_scope = Scope(mask=self.mask("r"))
+        scope = self.persistent_scope
+        for kn in loop.nodes:
+            if isinstance(kn.node, ReductionNode):
+                v = self.value(kn.body, scope)
+                red = Reduction(kn.node.name, kn.node.reduction_type, kn.node.acc_dtype, kn.body.dtype)
+                results = red.persistent(self.w, v, self.mask("r") if self.rmask else None, "rindex",
+                                         self.rnumel_text)
+                self._reduction_results(kn, results)
+            else:
+                self._emit([kn], "r", scope)
+
+    def _looped_loop(self, loop: Loop) -> None:
+        w = self.w
+        reds = {kn.node.name: Reduction(kn.node.name, kn.node.reduction_type, kn.node.acc_dtype, kn.body.dtype)
+                for kn in loop.nodes if isinstance(kn.node, ReductionNode)}
+        for red in reds.values():
+            red.declare(w)
+        bound = self.rnumel_text if self.rnumel.is_number else f"loop_bound({self.rnumel_text})"
+        with w.block(f"for roffset in range(0, {bound}, RBLOCK):"):
+            w.line("rindex = roffset + rbase")
+            if self.rmask:
+                w.line(f"rmask = rindex < {self.rnumel_text}")
+            self._define_r(loop.nodes)
+            scope = Scope(mask=self.mask("r"))
+            saved = dict(self.regs)
+            for kn in loop.nodes:
+                if isinstance(kn.node, ReductionNode):
+                    v = self.value(kn.body, scope)
+                    reds[kn.node.name].update(w, v, self.mask("r") if self.rmask else None, "rindex")
+                else:
+                    self._emit([kn], "r", scope)
+            self.regs = saved  # r-level values do not outlive their loop
+        for kn in loop.nodes:
+            if isinstance(kn.node, ReductionNode):
+                self._reduction_results(kn, reds[kn.node.name].finish(w))
+
+    def _reduction_results(self, kn: KernelNode, results: list[str]) -> None:
+        node = kn.node
+        assert isinstance(node, ReductionNode)
+        for i, (out, res) in enumerate(zip(node.outputs(), results)):
+            self._store(out, kn.stores[i], kn.store_index, res, node.layout.dtype, "x")
+
+    # -- nodes
+
+    def _emit(self, nodes: list[KernelNode], level: str, scope: Scope) -> None:
+        for kn in nodes:
+            if isinstance(kn.node, ReductionNode):
+                self._one_point_reduction(kn, scope)
+                continue
+            v = self.value(kn.body, scope)
+            self._store(kn.node.outputs()[0], kn.stores[0], kn.store_index, v, kn.node.layout.dtype, level)
+
+    def _one_point_reduction(self, kn: KernelNode, scope: Scope) -> None:
+        """A reduction over no elements (all reduced dims of size 1): the value itself."""
+        node = kn.node
+        assert isinstance(node, ReductionNode)
+        v = self.value(kn.body, scope)
+        kind = node.reduction_type
+        if kind == "welford":
+            results = [v, literal(0.0, node.acc_dtype, "[1]")]
+        elif kind in ("argmax", "argmin"):
+            results = [literal(0, torch.int64, "[1]")]
+        elif kind in ("any", "all"):
+            results = [f"({v} != 0)"]
+        else:
+            results = [v]
+        for i, (out, res) in enumerate(zip(node.outputs(), results)):
+            self._store(out, kn.stores[i], kn.store_index, res, node.layout.dtype, "x")
+
+    def _store(self, buf: str, target: str, index: sympy.Expr, value: str, dtype: torch.dtype,
+               level: str) -> None:
+        name = self._tmp()
+        if dtype in HALF:  # round as the stored value would be, for readers in this kernel
+            self.w.line(f"{name} = {self.narrow(value, dtype)}")
+        else:
+            self.w.line(f"{name} = ({value}).to({compute(dtype)})")
+        self.regs[buf] = name
+        if buf in self.k.internal:
+            return
+        shape = self._shape(level)
+        mask = self.mask(level)
+        value_text = f"tl.broadcast_to({name}, {shape}).to({STORAGE[dtype]})"
+        self.w.line(f"tl.store({self.pointer(target, index, shape)}, {value_text}{f', {mask}' if mask else ''})")
+
+    def pointer(self, buf: str, index: sympy.Expr, shape: str) -> str:
+        """``p_buf + index`` as a block of pointers of ``shape`` (stores need one even where
+        the index is the same for every point)."""
+        text, _ = self.ix.split(index)
+        if not any(self.ix.mentions(index, p) for p in ("x", "r")):
+            text = f"{text} + tl.zeros({shape}, tl.int32)"
+        return f"p_{buf} + ({text})"
+
+    def _shape(self, level: str) -> str:
+        if not self.reduction:
+            return "[XBLOCK]"
+        return "[XBLOCK, RBLOCK]" if level == "r" else "[XBLOCK, 1]"
+
+    # -- values
+
+    def _tmp(self) -> str:
+        self.counter += 1
+        return f"t{self.counter}"
+
+    def value(self, v: Value, scope: Scope) -> str:
+        got = scope.get(v)
+        if got is not None:
+            return got
+        if isinstance(v, Const):
+            return literal(v.value, v.dtype, "[1, 1]" if self.reduction else "[1]")
+        if isinstance(v, Load) and v.buffer in self.regs:
+            for ind in v.indirect:
+                self.value(ind, scope)
+            return self.regs[v.buffer]
+        if isinstance(v, Indirect):
+            name = self._tmp()
+            self._indirect(v, name, scope)
+        elif isinstance(v, Masked):
+            name = self._tmp()
+            self._masked(v, name, scope)
+        else:
+            expr = self._expr(v, scope)
+            name = self._tmp()
+            self.w.line(f"{name} = {expr}")
+        scope.memo[v] = name
+        return name
+
+    def _expr(self, v: Value, scope: Scope) -> str:
+        if isinstance(v, Load):
+            return self._load(v, scope)
+        if isinstance(v, IndexValue):
+            text, runs = self.ix.split(v.expr)
+            return f"({text}) + tl.zeros({self._shape('r' if self._mentions_r(v.expr) else 'x')}, tl.int64)"
+        if isinstance(v, Cast):
+            return self._cast(self.value(v.x, scope), v.x.dtype, v.dtype)  # type: ignore[union-attr]
+        if isinstance(v, Op):
+            args = [self.value(a, scope) for a in v.args]
+            operand = v.dtype if v.name == "where" or not v.args else v.args[0].dtype
+            if v.name == "where":
+                operand = v.args[1].dtype
+            if v.name in INTEGER_IDENTITY and not v.dtype.is_floating_point:
+                return args[0]
+            out = OPS[v.name](args, operand, self.interpret)
+            if v.dtype in HALF:  # an op of a half type rounds its result, as eager does
+                out = self.narrow(out, v.dtype)
+            return out
+        raise NotImplementedError(type(v).__name__)
+
+    def _mentions_r(self, e: sympy.Expr) -> bool:
+        return self.reduction and self.ix.mentions(e, "r")
+
+    def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
+        if dst == torch.bool:
+            return f"({x} != 0)"
+        if dst in HALF:
+            return self.narrow(x, dst)
+        return f"{x}.to({compute(dst)})"
+
+    def narrow(self, x: str, dtype: torch.dtype) -> str:
+        """``x`` rounded to a half type, kept in float32."""
+        if self.interpret and dtype == torch.bfloat16:
+            return f"round_bf16(({x}).to(tl.float32))"
+        return f"({x}).to({STORAGE[dtype]}).to(tl.float32)"
+
+    def _load(self, v: Load, scope: Scope) -> str:
+        for ind in v.indirect:
+            self.value(ind, scope)
+        text, _ = self.ix.split(v.index)
+        loop_free = not any(self.ix.mentions(v.index, p) for p in ("x", "r")) and not v.indirect
+        mask = None if loop_free else scope.mask
+        dtype = self.k.dtypes[v.buffer]
+        args = f"p_{v.buffer} + ({text})"
+        if loop_free:  # a one-element block, not a scalar: blocks and scalars mix badly
+            args = self.pointer(v.buffer, v.index, "[1, 1]" if self.reduction else "[1]")
+        if mask:
+            level = "r" if self._mentions_r(v.index) else "x"
+            args = f"{self.pointer(v.buffer, v.index, self._shape(level))}, mask={mask}, other=0"
+        load = f"tl.load({args})"
+        return f"{load}.to(tl.float32)" if dtype in HALF else load
+
+    def _indirect(self, v: Indirect, name: str, scope: Scope) -> None:
+        raw = self.value(v.value, scope)  # type: ignore[arg-type]
+        size = indexing.text(v.size)
+        self.w.line(f"{name} = {raw}.to(tl.int64)")
+        self.w.line(f"{v.symbol.name} = tl.where({name} < 0, {name} + {size}, {name})")
+        if self.bounds_check:
+            cond = f"(0 <= {v.symbol.name}) & ({v.symbol.name} < {size})"
+            if scope.mask:
+                cond = f"{cond} | ~({scope.mask})"
+            self.w.line(f'tl.device_assert({cond}, "index out of bounds")')
+        scope.memo[v] = v.symbol.name
+
+    def _masked(self, v: Masked, name: str, scope: Scope) -> None:
+        cond = self.value(v.mask, scope)  # type: ignore[arg-type]
+        inner_mask = f"({cond})" if scope.mask is None else f"({scope.mask}) & ({cond})"
+        body = self.value(v.body, Scope(scope, mask=inner_mask))  # type: ignore[arg-type]
+        shape = "[1, 1]" if self.reduction else "[1]"
+        other = literal(v.other, v.dtype, shape)
+        self.w.line(f"{name} = tl.where({cond}, {body}, {other})")
+
+
+def _loads(v: Value) -> list[Load]:
+    from coil.sdk import loads
+    return loads(v)
+
+
+def _indices(kn: KernelNode) -> list[sympy.Expr]:
+    from coil.sdk import walk
+    out = [kn.store_index] + [ld.index for ld in _loads(kn.body)]
+    out += [x.expr for x in walk(kn.body) if isinstance(x, IndexValue)]
+    return out
+
+
+def _contiguous_along_x(k: Kernel) -> bool:
+    """Whether more accesses have unit stride along the innermost kept dim than along the
+    innermost reduced dim (a column reduction such as ``x.sum(0)``)."""
+    if not k.x_ranges or not k.r_ranges:
+        return False
+    x, r = k.x_vars[-1], k.r_vars[-1]
+    along_x = along_r = 0
+    for kn in k.nodes:
+        for e in [ld.index for ld in _loads(kn.body) if ld.buffer not in k.internal]:
+            dx, dr = sympy.diff(e, x), sympy.diff(e, r)
+            along_x += dx == 1 and dr != 1
+            along_r += dr == 1
+    return along_x > along_r
+
+
+__all__ = ["KernelWriter", "KernelSource", "ScanNode", "ScatterNode"]

@@ -1,0 +1,207 @@
+"""Launchers: what the wrapper calls for each kernel, with as little Python per launch as we
+can manage.
+
+On the GPU a kernel is compiled once per configuration with ``triton.compile`` (no JIT
+argument binding at launch time) and launched through the compiled binary's own launcher
+on the stream the wrapper passes. Pointer arguments are compiled as 16-byte aligned (Triton
+then emits 128-bit accesses); a launch whose pointers are not aligned (a view with an odd
+offset) uses a second, unspecialised build, made on first need.
+
+The first launch tunes: every candidate configuration runs on the real arguments (buffers
+the kernel both reads and writes are cloned first, so tuning never changes results), the
+winner goes to the disk cache, and the launcher rebinds itself to the winner so later
+launches skip the bookkeeping. With symbolic sizes the winner is kept per size bucket."""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+from . import autotune, configs
+from .codegen import KernelSource
+from .configs import Config
+
+log = logging.getLogger(__name__)
+
+HOPPER = ("cuda", 90, 32)
+
+
+def has_rblock(src: KernelSource) -> bool:
+    """Whether the kernel takes an ``RBLOCK`` (reductions and scans; not pointwise kernels,
+    nor serial scatters, which take only ``XBLOCK``)."""
+    return src.shape not in ("pointwise", "serial")
+
+
+def signature(src: KernelSource, reduction: bool) -> dict[str, str]:
+    sig = dict(zip(src.params, src.types))
+    sig["XBLOCK"] = "constexpr"
+    if reduction:
+        sig["RBLOCK"] = "constexpr"
+    return sig
+
+
+def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, aligned: bool = True,
+                debug: bool = False) -> Any:
+    """``triton.compile`` of one configuration (``target``: None for the current GPU)."""
+    import triton
+    from triton.compiler import ASTSource
+    reduction = has_rblock(src)
+    n_ptrs = len(src.buffers)
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)} if aligned else {}
+    ast = ASTSource(fn=fn, signature=signature(src, reduction), constexprs=cfg.constexprs(reduction),
+                    attrs=attrs)
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "debug": debug}
+    return triton.compile(ast, target=target, options=options)
+
+
+class Launcher:
+    """Launches one kernel: ``launcher(stream, *args)`` with args in ``Kernel.args`` order."""
+
+    def __init__(self, src: KernelSource, fn: Any, *, interpret: bool, tune_key: Callable[[Any], str],
+                 mutated: Sequence[int] = (), debug: bool = False, tune_in_interpreter: bool = False) -> None:
+        self.src = src
+        self.fn = fn
+        self.interpret = interpret
+        self.tune_in_interpreter = tune_in_interpreter
+        self.debug = debug
+        self.reduction = has_rblock(src)
+        self.n_ptrs = len(src.buffers)
+        self.mutated = tuple(mutated)
+        self._tune_key = tune_key
+        self._xnumel = _size_fn(src, "xnumel")
+        self._binaries: dict[tuple[Config, bool], Any] = {}
+        self._raw: dict[tuple[Config, bool], Any] = {}
+        self._winners: dict[Any, Config] = {}
+        self.static = not src.params[self.n_ptrs:]
+        self.cache = autotune.TuneCache()
+        self.tuned = 0  # configurations benchmarked by this launcher (the conformance kit reads it)
+
+    # -- compilation
+
+    def binary(self, cfg: Config, aligned: bool = True) -> Any:
+        got = self._binaries.get((cfg, aligned))
+        if got is None:
+            got = compile_for(self.fn, self.src, cfg, aligned=aligned, debug=self.debug)
+            self._binaries[(cfg, aligned)] = got
+        return got
+
+    def candidates(self, sizes: tuple[int, ...]) -> list[Config]:
+        if self.static:
+            return list(self.src.configs)
+        shape = self.src.shape
+        xn = self._xnumel(sizes)
+        return configs.candidates(shape, xn, None, self.src.x_contiguous) if shape != "persistent" \
+            else list(self.src.configs)
+
+    def precompile(self) -> None:
+        """Build what the first launch will need: the cached winner if there is one, else
+        every candidate (called from a thread pool, so a graph's kernels build in parallel)."""
+        if self.interpret or not self.static:
+            return
+        winner = self.cache.get(self._tune_key(None))
+        for cfg in ([winner] if winner else self.src.configs):
+            self.binary(cfg)
+
+    # -- launching
+
+    def __call__(self, stream: Any, *args: Any) -> None:
+        sizes = tuple(args[self.n_ptrs:])
+        bucket = None if self.static else configs.bucket(sizes)
+        cfg = self._winners.get(bucket)
+        if cfg is None:
+            cfg = self._choose(bucket, stream, args)
+            self._winners[bucket] = cfg
+        self.launch(cfg, stream, args)
+
+    def _choose(self, bucket: Any, stream: Any, args: Sequence[Any]) -> Config:
+        if self.interpret and not self.tune_in_interpreter:
+            return self._interpreter_config(tuple(args[self.n_ptrs:]))
+        candidates = self.candidates(tuple(args[self.n_ptrs:]))
+        if len(candidates) == 1:
+            return candidates[0]
+        key = self._tune_key(bucket)
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached
+        trial = list(args)
+        for i in self.mutated:  # never let tuning runs change a buffer the kernel also reads
+            trial[i] = args[i].clone()
+        bench = autotune.wall_bench if self.interpret else autotune.cuda_bench
+        best, timings = autotune.select(
+            candidates, lambda cfg: (lambda: self.launch(cfg, stream, trial)), bench)
+        self.tuned += len(timings)
+        log.debug("coil: tuned %s: %s", self.src.name, timings)
+        self.cache.put(key, best, timings, self.src.name)
+        return best
+
+    def _interpreter_config(self, sizes: tuple[int, ...]) -> Config:
+        """The interpreter runs programs one after another, in Python: the fewest, widest
+        programs that the kernel's source allows (blocks must divide an extent the source
+        reads without a mask)."""
+        src = self.src
+        xnumel = self._xnumel(sizes)
+        budget = 2**14
+        if src.shape in ("serial", "scan", "split", "pointwise-2d"):
+            return src.configs[0]
+        if src.shape == "persistent":
+            rblock = src.configs[0].rblock
+        elif src.shape == "looped":
+            rnumel = int(src.rnumel) if src.rnumel.is_number else None
+            rblock = _block_within(rnumel, 1024, masked=src.rmask)
+        else:
+            rblock = 1
+        xblock = _block_within(xnumel, max(1, budget // rblock), masked=src.xmask)
+        return Config(xblock, rblock, num_warps=1)
+
+    def grid(self, cfg: Config, sizes: tuple[int, ...]) -> int:
+        if self.src.shape == "serial":
+            return 1
+        xnumel = self._xnumel(sizes)
+        return max(1, -(-xnumel // cfg.xblock))
+
+    def launch(self, cfg: Config, stream: Any, args: Sequence[Any]) -> None:
+        if self._xnumel(tuple(args[self.n_ptrs:])) == 0:
+            return  # nothing to write (and an empty tensor may have no memory at all)
+        grid = self.grid(cfg, tuple(args[self.n_ptrs:]))
+        consts = cfg.constexprs(self.reduction)
+        if self.interpret:
+            self.fn[(grid,)](*args, **consts)
+            return
+        aligned = all(a.data_ptr() % 16 == 0 for a in args[:self.n_ptrs])
+        raw = self._raw.get((cfg, aligned))
+        if raw is None:
+            raw = self._raw_launcher(cfg, aligned)
+        if raw is not False:
+            raw(grid, stream, args)
+            return
+        b = self.binary(cfg, aligned)
+        b.run(grid, 1, 1, stream, b.function, b.packed_metadata, None, None, None, *args, *consts.values())
+
+    def _raw_launcher(self, cfg: Config, aligned: bool) -> Any:
+        """A ctypes launcher for the binary (False when it needs Triton's own)."""
+        from .raw_launch import RawLauncher, usable
+        b = self.binary(cfg, aligned)
+        raw: Any = RawLauncher(b, self.src.types) if usable(b) else False
+        self._raw[(cfg, aligned)] = raw
+        return raw
+
+
+def _block_within(n: int | None, most: int, masked: bool) -> int:
+    """A power-of-two block of at most ``most``: covering ``n`` when the source masks that
+    extent, else dividing it."""
+    if n is None:
+        return most
+    if masked:
+        return min(configs.pow2_at_least(n), most)
+    block = 1
+    while block * 2 <= most and n % (block * 2) == 0:
+        block *= 2
+    return block
+
+
+def _size_fn(src: KernelSource, what: str) -> Callable[[tuple[int, ...]], int]:
+    """A function of the size arguments giving ``xnumel`` (compiled from the expression)."""
+    from .indexing import text
+    expr = getattr(src, what)
+    names = src.params[len(src.buffers):]
+    code = f"lambda {', '.join(['_sizes'])}: (lambda {', '.join(names) or '*_'}: int({text(expr)}))(*_sizes)"
+    return eval(code)  # noqa: S307 - our own generated expression over size names

@@ -1,0 +1,106 @@
+"""Triton helper functions the generated kernels call: NaN-propagating max/min, the combine
+functions of multi-value reductions (argmax/argmin, Welford), and integer division with
+Python's (or C's) rounding.
+
+They are plain functions here; :func:`coil_cuda_triton.loader.namespace` wraps each with
+``triton.jit`` (or Triton's interpreter) so generated kernels call them like builtins."""
+from __future__ import annotations
+
+import triton.language as tl
+
+
+def max_nan(a, b):
+    # NaN wins, as in ATen (tl.maximum returns the non-NaN operand)
+    return tl.where(a != a, a, tl.where(a > b, a, b))
+
+
+def min_nan(a, b):
+    return tl.where(a != a, a, tl.where(a < b, a, b))
+
+
+def add_combine(a, b):
+    return a + b
+
+
+def mul_combine(a, b):
+    return a * b
+
+
+def or_combine(a, b):
+    return a | b
+
+
+def and_combine(a, b):
+    return a & b
+
+
+def argmax_combine(va, ia, vb, ib):
+    # the first index of the largest value; NaN counts as the largest
+    a_nan = va != va
+    b_nan = vb != vb
+    pick_a = (va > vb) | (a_nan & ~b_nan) | (((va == vb) | (a_nan & b_nan)) & (ia < ib))
+    return tl.where(pick_a, va, vb), tl.where(pick_a, ia, ib)
+
+
+def argmin_combine(va, ia, vb, ib):
+    a_nan = va != va
+    b_nan = vb != vb
+    pick_a = (va < vb) | (a_nan & ~b_nan) | (((va == vb) | (a_nan & b_nan)) & (ia < ib))
+    return tl.where(pick_a, va, vb), tl.where(pick_a, ia, ib)
+
+
+def welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    w_b = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
+    return mean_a + delta * w_b, m2_a + m2_b + delta * delta * n_a * w_b, n
+
+
+def int_floordiv(a, b):
+    # Python's floor division; division by zero gives 0 (Coil's contract), not a trap
+    safe = tl.where(b == 0, 1, b)
+    q = a // safe
+    fix = ((a % safe) != 0) & ((a < 0) != (safe < 0))
+    return tl.where(b == 0, 0, tl.where(fix, q - 1, q))
+
+
+def int_truncdiv(a, b):
+    safe = tl.where(b == 0, 1, b)
+    return tl.where(b == 0, 0, a // safe)
+
+
+def int_remainder(a, b):
+    safe = tl.where(b == 0, 1, b)
+    r = a % safe
+    fix = (r != 0) & ((r < 0) != (safe < 0))
+    return tl.where(b == 0, 0, tl.where(fix, r + safe, r))
+
+
+def int_fmod(a, b):
+    safe = tl.where(b == 0, 1, b)
+    return tl.where(b == 0, 0, a % safe)
+
+
+def round_bf16(x):
+    # float32 -> nearest bfloat16 (ties to even), as float32: the interpreter's own
+    # conversion truncates, the GPU's rounds; CI spells narrowing with this
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return tl.where(x != x, x, rounded.to(tl.float32, bitcast=True))
+
+
+def loop_bound(n):
+    # the trip count of a loop over a runtime size (see interpreted_loop_bound)
+    return n
+
+
+def interpreted_loop_bound(n):
+    """The interpreter's spelling of :func:`loop_bound`: its scalar arguments are 1-element
+    numpy arrays, which ``range`` cannot take under numpy 2."""
+    handle = getattr(n, "handle", None)
+    return int(handle.data.reshape(-1)[0]) if handle is not None else int(n)
+
+
+HELPERS = ("loop_bound", "round_bf16", "max_nan", "min_nan", "add_combine", "mul_combine", "or_combine", "and_combine",
+           "argmax_combine", "argmin_combine", "welford_combine", "int_floordiv", "int_truncdiv",
+           "int_remainder", "int_fmod")

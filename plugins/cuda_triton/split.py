@@ -1,0 +1,159 @@
+"""Split reductions: many reduced elements per few kept points (``x.sum(0)`` of a tall
+matrix) do not give enough programs to fill the GPU when each program owns whole rows.
+
+The reduced range is cut into ``SPLIT`` chunks; a first kernel reduces every (kept block,
+chunk) pair into a float32 (or the accumulator's type) workspace of ``SPLIT x xnumel``
+partial states, a second combines the ``SPLIT`` partials of each kept point and stores the
+result. Both are plain kernels of this plugin; :class:`SplitLauncher` allocates the
+workspace and runs them in order. Only kernels that are one loop of reductions that
+combine by themselves (sum, prod, max, min, any, all) over contiguous kept dims split."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import sympy
+
+from coil.sdk import ReductionNode
+
+from .configs import Config, pow2_at_least
+from .optable import POINTER, STORAGE, compute
+from .reductions import Reduction, _combine_fn
+
+if TYPE_CHECKING:
+    from .codegen import KernelSource, KernelWriter
+
+SPLITTABLE = ("sum", "prod", "max", "min", "any", "all")
+#: Programs to aim for: a few waves of the H200's 132 SMs.
+TARGET_PROGRAMS = 528
+XBLOCK, RBLOCK = 64, 64  # RBLOCK: the largest any candidate uses (chunks are multiples of it)
+#: Candidates of the partial kernel (XBLOCK is fixed: the grid depends on it).
+PARTIAL_CONFIGS = [Config(XBLOCK, 32, num_warps=4), Config(XBLOCK, 64, num_warps=8)]
+
+
+def splits(kw: "KernelWriter") -> int:
+    """How many chunks to cut the reduced range into (1: do not split)."""
+    k = kw.k
+    xn, rn = kw.xnumel, kw.rnumel
+    if not (kw.x_contiguous and xn.is_number and rn.is_number):
+        return 1
+    xn, rn = int(xn), int(rn)
+    if len(k.loops) != 1 or k.loops[0].level != "r" or rn < 1024:
+        return 1
+    reds = [kn for kn in k.nodes if isinstance(kn.node, ReductionNode)]
+    if not reds or any(kn.node.reduction_type not in SPLITTABLE for kn in reds):  # type: ignore[union-attr]
+        return 1
+    if any(not kn.is_reduction and kn.node.outputs()[0] not in k.internal for kn in k.nodes):
+        return 1
+    blocks = -(-xn // XBLOCK)
+    if blocks * 2 > TARGET_PROGRAMS:
+        return 1
+    return max(2, min(64, pow2_at_least(TARGET_PROGRAMS // blocks), rn // (4 * RBLOCK)))
+
+
+def workspaces(kw: "KernelWriter") -> list[tuple[str, Any]]:
+    """(parameter name, torch dtype) of each reduction's workspace."""
+    return [(f"p_ws_{kn.node.name}", kn.node.acc_dtype if kn.node.reduction_type not in ("any", "all")  # type: ignore[union-attr]
+             else kn.node.layout.dtype)
+            for kn in kw.k.nodes if isinstance(kn.node, ReductionNode)]
+
+
+def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
+    from .codegen import KernelSource, Scope
+    k, w = kw.k, kw.w
+    ws = workspaces(kw)
+    params = [f"p_{b}" for b in k.inputs + k.outputs] + [p for p, _ in ws] + [s.name for s in k.size_args]
+    types = ([POINTER[k.dtypes[b]] for b in k.inputs + k.outputs] + [POINTER[d] for _, d in ws]  # type: ignore[index]
+             + ["i64"] * len(k.size_args))
+    xn, rn = int(kw.xnumel), int(kw.rnumel)
+    chunk = -(-rn // split)
+    chunk = -(-chunk // RBLOCK) * RBLOCK
+    blocks = -(-xn // XBLOCK)
+    constexprs = ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
+    # -- partial states
+    w.line("@jit")
+    with w.block(f"def {k.name}({', '.join(params + constexprs)}):"):
+        w.line("pid = tl.program_id(0)")
+        w.line(f"part = pid // {blocks}")
+        w.line(f"xindex = (pid % {blocks}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        w.line(f"xmask = xindex < {xn}")
+        w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        kw.xmask, kw.rmask = True, True
+        kw.define_x()
+        loop = k.loops[0]
+        reds = {kn.node.name: Reduction(kn.node.name, kn.node.reduction_type, kn.node.acc_dtype, kn.body.dtype)  # type: ignore[union-attr]
+                for kn in loop.nodes if isinstance(kn.node, ReductionNode)}
+        for red in reds.values():
+            red.declare(w)
+        start = f"loop_bound(part * {chunk})"
+        with w.block(f"for roffset in range({start}, {start} + {chunk}, RBLOCK):"):
+            w.line("rindex = roffset + rbase")
+            w.line(f"rmask = rindex < {rn}")
+            kw._define_r(loop.nodes)
+            scope = Scope(mask="xmask & rmask")
+            for kn in loop.nodes:
+                if isinstance(kn.node, ReductionNode):
+                    v = kw.value(kn.body, scope)
+                    reds[kn.node.name].update(w, v, "xmask & rmask", "rindex")
+                else:
+                    kw._emit([kn], "r", scope)
+        for (param, dtype), red in zip(ws, reds.values()):
+            (res,) = red.finish(w)
+            w.line(f"tl.store({param} + part * {xn} + xindex, ({res}).to({STORAGE[dtype]}), xmask)")
+    first = KernelSource(k.name, w.text(), params, types, "split", sympy.Integer(blocks * XBLOCK * split),
+                         kw.rnumel, list(PARTIAL_CONFIGS), True,
+                         k.inputs + k.outputs + [p[2:] for p, _ in ws], xmask=True, rmask=True,
+                         workspaces=[(split * xn, d) for _, d in ws])
+    # -- combine the partials
+    from coil.sdk import CodeWriter
+    w2 = CodeWriter()
+    name = f"{k.name}_combine"
+    sblock = pow2_at_least(split)
+    w2.line("@jit")
+    with w2.block(f"def {name}({', '.join(params + constexprs)}):"):
+        w2.line("xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        w2.line(f"xmask = xindex < {xn}")
+        w2.line("sindex = tl.arange(0, RBLOCK)[None, :]")
+        w2.line(f"smask = sindex < {split}")
+        for kn, (param, dtype) in zip([kn for kn in k.nodes if isinstance(kn.node, ReductionNode)], ws):
+            node = kn.node
+            kind = node.reduction_type  # type: ignore[union-attr]
+            ident = Reduction(node.name, kind, node.acc_dtype, kn.body.dtype)  # type: ignore[union-attr]
+            w2.line(f"v = tl.load({param} + sindex * {xn} + xindex, mask=xmask & smask, other=0)")
+            neutral = _neutral(ident, dtype)
+            w2.line(f"v = tl.where(smask, v, {neutral})")
+            if kind == "sum":
+                w2.line("r = tl.sum(v, 1)[:, None]")
+            else:
+                w2.line(f"r = tl.reduce(v, 1, {_combine_fn(kind, dtype)})[:, None]")
+            target = kw.pointer(node.name if not kn.stores else kn.stores[0], kn.store_index, "[XBLOCK, 1]")
+            w2.line(f"tl.store({target}, r.to({STORAGE[node.layout.dtype]}), xmask)")  # type: ignore[union-attr]
+    second = KernelSource(name, w2.text(), params, types, "pointwise-2d", sympy.Integer(xn), sympy.Integer(split),
+                          [Config(64, sblock, num_warps=4)], False, first.buffers, xmask=True, rmask=True)
+    return [first, second]
+
+
+def _neutral(red: Reduction, dtype: Any) -> str:
+    from .optable import literal
+    from .reductions import identity
+    return literal(identity(red.kind, dtype), dtype, "[1, 1]")
+
+
+class SplitLauncher:
+    """Allocates the workspaces and runs the partial and the combining kernel."""
+
+    def __init__(self, partial: Any, combine: Any, n_buffers: int, ws: Sequence[tuple[int, Any]]) -> None:
+        self.partial, self.combine = partial, combine
+        self.n_buffers = n_buffers
+        self.ws = ws  # (elements, dtype) per workspace
+
+    def __call__(self, stream: Any, *args: Any) -> None:
+        import torch
+        device = args[0].device
+        spaces = [torch.empty(n, dtype=d, device=device) for n, d in self.ws]
+        full = (*args[:self.n_buffers], *spaces, *args[self.n_buffers:])
+        self.partial(stream, *full)
+        self.combine(stream, *full)
+
+    @property
+    def tuned(self) -> int:
+        return 0

@@ -1,0 +1,117 @@
+"""The history of the ``coil.sdk`` API and the policy that decides which plugins it serves.
+
+A plugin declares, through the ``coil_api_version`` hook, the API version it was written for
+(``coil.sdk.API_VERSION`` when it was written, or the oldest version whose features it uses).
+Versions are ``MAJOR.MINOR.PATCH`` and follow semantic versioning:
+
+* same major, declared minor at most Coil's: compatible (minor releases only add);
+* same major, declared minor newer than Coil's: refused. The plugin may rely on something
+  this Coil lacks, and the failure would otherwise surface deep in a compile; upgrade Coil;
+* a different major: refused; the message lists the breaking changes in between;
+* the patch number is ignored (a patch release changes no API);
+* a missing or malformed version: refused, saying what form is expected.
+
+Every refusal names both versions and what changed between them (from :data:`HISTORY`). A
+breaking change always comes with a new major version, even from 0.x."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_GUIDE = "docs/plugin-guide.md, section 'Versioning'"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of the API; ``breaking`` when a plugin written before it may stop working."""
+
+    text: str
+    breaking: bool = False
+
+
+@dataclass(frozen=True)
+class Release:
+    version: str
+    changes: tuple[Change, ...]
+
+
+#: Every release of the API, oldest first. Add a release here whenever ``coil.sdk`` changes.
+HISTORY: tuple[Release, ...] = (
+    Release("0.1.0", (
+        Change("first contract: hooks coil_api_version, coil_device_backends, coil_lowerings, "
+               "coil_graph_passes; DeviceBackend (compile, call_line, kernel_source, "
+               "synchronize, doctor), Capabilities, Scheduling, the kernel IR types"),
+    )),
+    Release("0.2.0", (
+        Change("DeviceBackend.prologue(module_var, device): wrapper lines run once per call"),
+        Change("DeviceBackend.capture(fn, example_inputs): whole-graph capture and replay"),
+        Change("Capabilities: reduction_strategies, memory_transaction_bytes, graph_capture, "
+               "autotune, templates, dynamic_shapes, backward, and cache_key()"),
+        Change("DeviceBackend.Options, .options and .options_key(): namespaced plugin options "
+               "(COIL_<NAME>_<FIELD>, torch.compile options={'<name>.<field>': value})"),
+        Change("coil.sdk.reference: a reference kernel executor in torch ops (ReferenceBackend)"),
+        Change("coil.sdk.testing: the conformance kit; `coil new-plugin`: plugin scaffolding"),
+    )),
+)
+
+#: The API version this Coil provides.
+API_VERSION = HISTORY[-1].version
+
+_FORM = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
+
+
+def parse(version: object) -> tuple[int, int, int]:
+    """``"1.2.3"`` (or ``"1.2"``) as a tuple; ``ValueError`` saying what is wrong otherwise."""
+    match = _FORM.match(version.strip()) if isinstance(version, str) else None
+    if match is None:
+        raise ValueError(f"{version!r} is not a version of the form MAJOR.MINOR.PATCH (like "
+                         f"{API_VERSION!r})")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def changes_between(old: str, new: str,
+                    history: tuple[Release, ...] | None = None) -> list[tuple[str, Change]]:
+    """Changes of the releases after ``old`` up to and including ``new``, oldest first."""
+    lo, hi = parse(old), parse(new)
+    return [(r.version, c) for r in (HISTORY if history is None else history)
+            if lo < parse(r.version) <= hi for c in r.changes]
+
+
+def _listing(changes: list[tuple[str, Change]]) -> str:
+    return "; ".join(f"[{v}{', breaking' if c.breaking else ''}] {c.text}" for v, c in changes)
+
+
+def compatibility(declared: str, provided: str | None = None,
+                  history: tuple[Release, ...] | None = None) -> tuple[bool, str]:
+    """Whether a plugin written for API ``declared`` may run on Coil's ``provided`` API
+    (default: :data:`API_VERSION`), and a message naming both versions and what changed
+    between them (empty when they match)."""
+    provided = API_VERSION if provided is None else provided
+    if not declared:
+        return False, (f"declares no coil.sdk API version; implement the coil_api_version "
+                       f"hook (Coil provides {provided})")
+    try:
+        want = parse(declared)
+    except ValueError as exc:
+        return False, (f"declares coil.sdk API version {exc}; return the value of "
+                       f"coil.sdk.API_VERSION it was written for from coil_api_version")
+    have = parse(provided)
+    both = f"written for coil.sdk API {declared}, Coil provides {provided}"
+    if want[:2] == have[:2]:
+        return True, ""
+    if want[0] == have[0] and want[1] < have[1]:
+        added = _listing(changes_between(declared, provided, history))
+        return True, f"{both}, which only adds to it: {added}"
+    if want > have:
+        return False, (f"{both}: the plugin is newer and may rely on what this Coil lacks. "
+                       f"Upgrade Coil (pip install -U coil); if the plugin uses nothing newer "
+                       f"than {provided}, let it declare {provided} ({_GUIDE})")
+    changes = changes_between(declared, provided, history)
+    breaking = [(v, c) for v, c in changes if c.breaking]
+    return False, (f"{both}; the major versions differ, so the contract changed. Breaking "
+                   f"changes since {declared}: {_listing(breaking) or '(none recorded)'}. "
+                   f"Update the plugin for them and declare {provided} ({_GUIDE})")
+
+
+__all__ = ["API_VERSION", "HISTORY", "Change", "Release", "compatibility", "changes_between", "parse"]
