@@ -7,23 +7,40 @@ here. ``API_VERSION`` follows semantic versioning (a new major version breaks pl
 history and the compatibility policy are in :mod:`coil.sdk.versions`."""
 from __future__ import annotations
 
-from coil import ir as _ir
-from coil.errors import KernelCompileError, PluginError, ToolchainError
-from coil.ir import (REDUCTION_TYPES, Cast, Const, Expr, ExternNode, IndexValue, Indirect, Load,
-                     Masked, Op, PointwiseNode, ReductionNode, ScanNode, ScatterNode, Value)
-from coil.kernel import Kernel, KernelNode, Loop
-from coil.ops import POINTWISE_OPS
-from coil.plugins import register_backend_for_device
-from coil.symbolic import ExprPrinter, FloorDiv, ModIdx
+import importlib
+from typing import Any
 
-from .backend import Capabilities, Check, DeviceBackend, Scheduling
-from .codewriter import CodeWriter
-from .hookspecs import hookimpl
-from .reference import ReferenceBackend
 from .versions import API_VERSION, compatibility
 
-walk = _ir.walk
-loads = _ir.loads
+#: Public name -> module it lives in. Loaded on first use, so importing ``coil.sdk`` (the
+#: conformance kit's pytest plugin does, in every pytest session) does not import torch.
+_LAZY = {
+    "KernelCompileError": "coil.errors", "PluginError": "coil.errors", "ToolchainError": "coil.errors",
+    "REDUCTION_TYPES": "coil.ir", "Cast": "coil.ir", "Const": "coil.ir", "Expr": "coil.ir",
+    "ExternNode": "coil.ir", "IndexValue": "coil.ir", "Indirect": "coil.ir", "Load": "coil.ir",
+    "Masked": "coil.ir", "Op": "coil.ir", "PointwiseNode": "coil.ir", "ReductionNode": "coil.ir",
+    "ScanNode": "coil.ir", "ScatterNode": "coil.ir", "Value": "coil.ir", "walk": "coil.ir",
+    "loads": "coil.ir",
+    "Kernel": "coil.kernel", "KernelNode": "coil.kernel", "Loop": "coil.kernel",
+    "POINTWISE_OPS": "coil.ops", "register_backend_for_device": "coil.plugins",
+    "ExprPrinter": "coil.symbolic", "FloorDiv": "coil.symbolic", "ModIdx": "coil.symbolic",
+    "Capabilities": "coil.sdk.backend", "Check": "coil.sdk.backend", "DeviceBackend": "coil.sdk.backend",
+    "Scheduling": "coil.sdk.backend", "CodeWriter": "coil.sdk.codewriter",
+    "hookimpl": "coil.sdk.hookspecs", "ReferenceBackend": "coil.sdk.reference",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'coil.sdk' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
 
 
 def cache_dir(subdir: str) -> str:

@@ -5,9 +5,7 @@ functions, built in parallel, launched from the wrapper on the current CUDA stre
 tensors; CI routes the ``cpu`` device to it with ``coil.register_backend_for_device``."""
 from __future__ import annotations
 
-import concurrent.futures
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -15,7 +13,7 @@ import torch
 
 import coil.sdk as sdk
 
-from . import autotune, loader
+from . import autotune, compile_pool, loader
 from .codegen import KernelSource, KernelWriter
 from .launch import Launcher
 from .special import special_kernel
@@ -88,6 +86,7 @@ class TritonBackend(sdk.DeviceBackend):
             reduction_strategies=frozenset({"persistent", "looped"}), memory_transaction_bytes=128,
             graph_capture=not interpret, autotune=True, compiler="triton",
             compiler_version=_triton_version())
+        self._launchers: list[Launcher] = []
         #: Every kernel generated so far (CI compiles each ahead of time for Hopper).
         self.generated: list[tuple[KernelSource, Any]] = []
 
@@ -98,6 +97,12 @@ class TritonBackend(sdk.DeviceBackend):
         if kernel.special is not None:
             return special_kernel(kernel, self.interpret)
         return KernelWriter(kernel, self.interpret, self.bounds_check).generate()
+
+    @property
+    def tuning_count(self) -> int:
+        """Configurations benchmarked in this process (the conformance kit's autotune tier
+        checks that a second process with the same cache benchmarks none)."""
+        return sum(la.tuned for la in self._launchers)
 
     @property
     def bounds_check(self) -> bool:
@@ -125,23 +130,44 @@ class TritonBackend(sdk.DeviceBackend):
                     tune_key=_key_fn(src.source, device, self.options_text()),
                     tune_in_interpreter=self.tune_in_interpreter))
             every += launchers
+            self._launchers += launchers
             if srcs[0].workspaces:
                 compiled.launchers[k.name] = SplitLauncher(
                     launchers[0], launchers[1], len(k.inputs) + len(k.outputs), srcs[0].workspaces)
             else:
                 compiled.launchers[k.name] = launchers[0] if len(launchers) == 1 else Chain(launchers)
-        self._precompile(every)
+        self._precompile(every, loader.source_path(text))
         if self.interpret:
-            _record_manifest(text, [s for srcs in parts for s in srcs])
+            self._record_gpu_twin(kernels, graph_name)
         return compiled
 
-    def _precompile(self, launchers: list[Launcher]) -> None:
+    def _record_gpu_twin(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> None:
+        """Under the interpreter, write the same kernels as the GPU would get them (libdevice
+        math, native bf16 rounding) with a manifest of their configurations, so CI can build
+        every one for Hopper afterwards (``python -m coil_cuda_triton.aot``)."""
+        gpu = TritonBackend(interpret=False, bounds_check=self.bounds_check)
+        sources = [s for k in kernels for s in gpu.generate(k)]
+        text = "# Coil Triton kernels of " + graph_name + " (GPU spelling)\n" + \
+            "\n\n".join(s.source for s in sources)
+        _record_manifest(loader.write(text), sources)
+
+    def _precompile(self, launchers: list[Launcher], path: str) -> None:
+        """Build what the first launches need: in the compile workers when they are up
+        (in parallel, into Triton's cache), then in-process (cache hits by then)."""
         if self.interpret or not launchers:
             return
-        workers = min(len(launchers), os.cpu_count() or 1, 16)
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            for f in [pool.submit(la.precompile) for la in launchers]:
-                f.result()
+        builds = {id(la): la.to_build() for la in launchers}
+        major, minor = torch.cuda.get_device_capability()
+        compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
+        if compile_pool.ready() and sum(len(b) for b in builds.values()) > 1:
+            jobs = []
+            for la in launchers:
+                fields = {"name": la.src.name, "params": la.src.params, "types": la.src.types,
+                          "shape": la.src.shape, "buffers": la.src.buffers}
+                jobs += [[path, fields, cfg.__dict__, True, la.debug, major * 10 + minor] for cfg in builds[id(la)]]
+            compile_pool.build(jobs)
+        for la in launchers:
+            la.precompile()
 
     def options_text(self) -> str:
         return f"bounds_check={self.bounds_check};{self.capabilities.cache_key()}"
@@ -180,18 +206,17 @@ class TritonBackend(sdk.DeviceBackend):
         version = _triton_version()
         checks.append(sdk.Check("triton", bool(version), version or "pip install triton==3.6.0"))
         if not self.interpret:
-            ok = torch.cuda.is_available()
-            detail = torch.cuda.get_device_name() if ok else "no CUDA device visible to torch"
-            checks.append(sdk.Check("CUDA device", ok, detail))
+            # no GPU is a fact about the machine, not a broken plugin: the check passes and
+            # says that cuda tensors cannot be made here
+            detail = (torch.cuda.get_device_name() if torch.cuda.is_available()
+                      else "none visible to torch (cuda tensors cannot be used on this machine)")
+            checks.append(sdk.Check("CUDA device", True, detail))
         return checks
 
 
-def _record_manifest(text: str, sources: list[KernelSource]) -> None:
-    """Under the interpreter, note each kernel and its GPU configurations next to the module
-    file, so CI can compile every generated kernel for Hopper afterwards
-    (``python -m coil_cuda_triton.aot``), in a process without the interpreter."""
+def _record_manifest(path: str, sources: list[KernelSource]) -> None:
+    """Note each kernel of a module file and its configurations next to it (``.json``)."""
     import json
-    path = loader.source_path(text)
     entry = {"source_path": path, "kernels": [
         {"name": s.name, "params": s.params, "types": s.types, "shape": s.shape,
          "buffers": s.buffers, "configs": [c.__dict__ for c in s.configs]} for s in sources]}

@@ -92,13 +92,16 @@ class Launcher:
         return configs.candidates(shape, xn, None, self.src.x_contiguous) if shape != "persistent" \
             else list(self.src.configs)
 
-    def precompile(self) -> None:
-        """Build what the first launch will need: the cached winner if there is one, else
-        every candidate (called from a thread pool, so a graph's kernels build in parallel)."""
+    def to_build(self) -> list[Config]:
+        """What the first launch will need: the cached winner if there is one, else every
+        candidate (symbolic sizes: none yet, their candidates depend on the size bucket)."""
         if self.interpret or not self.static:
-            return
+            return []
         winner = self.cache.get(self._tune_key(None))
-        for cfg in ([winner] if winner else self.src.configs):
+        return [winner] if winner else list(self.src.configs)
+
+    def precompile(self) -> None:
+        for cfg in self.to_build():
             self.binary(cfg)
 
     # -- launching
@@ -164,7 +167,7 @@ class Launcher:
         grid = self.grid(cfg, tuple(args[self.n_ptrs:]))
         consts = cfg.constexprs(self.reduction)
         if self.interpret:
-            self.fn[(grid,)](*args, **consts)
+            _interpreted_launch(self.fn, grid, args, consts, self.debug)
             return
         aligned = all(a.data_ptr() % 16 == 0 for a in args[:self.n_ptrs])
         raw = self._raw.get((cfg, aligned))
@@ -183,6 +186,27 @@ class Launcher:
         raw: Any = RawLauncher(b, self.src.types) if usable(b) else False
         self._raw[(cfg, aligned)] = raw
         return raw
+
+
+def _interpreted_launch(fn: Any, grid: int, args: Sequence[Any], consts: dict[str, int], debug: bool) -> None:
+    """One launch under Triton's interpreter, which patches ``triton.language`` as it runs:
+    :func:`mathlib.interpreting` undoes that afterwards (else a later ``triton.compile`` in
+    the process fails). With ``debug``, ``tl.device_assert`` is checked, as a debug build on
+    the GPU does (the interpreter's builder ignores Triton's debug settings otherwise)."""
+    import dataclasses
+
+    from triton.runtime import interpreter
+
+    from . import mathlib
+    builder = interpreter.interpreter_builder
+    saved = builder.options
+    if debug:
+        builder.options = dataclasses.replace(saved, debug=True)
+    try:
+        with mathlib.interpreting():
+            fn[(grid,)](*args, **consts)
+    finally:
+        builder.options = saved
 
 
 def _block_within(n: int | None, most: int, masked: bool) -> int:

@@ -48,16 +48,21 @@ def source_path(source: str) -> str:
     return os.path.join(sdk.cache_dir("triton-source"), f"coil_{digest}.py")
 
 
-def load(source: str, interpret: bool) -> ModuleType:
-    """Import ``source`` (a module of ``@jit`` functions) from a file in the cache."""
-    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
-    folder = sdk.cache_dir("triton-source")
-    path = os.path.join(folder, f"coil_{digest}.py")
+def write(source: str) -> str:
+    """The cache file holding ``source`` (written once, atomically)."""
+    path = source_path(source)
     if not os.path.exists(path):
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             f.write(source)
         os.replace(tmp, path)  # atomic: concurrent processes never see half a file
+    return path
+
+
+def load(source: str, interpret: bool) -> ModuleType:
+    """Import ``source`` (a module of ``@jit`` functions) from a file in the cache."""
+    digest = hashlib.sha256(source.encode()).hexdigest()[:24]
+    path = write(source)
     _module_counter[0] += 1
     name = f"coil_triton_{digest}_{_module_counter[0]}"
     spec = importlib.util.spec_from_file_location(name, path)

@@ -1,0 +1,107 @@
+"""Building kernels in parallel, in worker processes.
+
+``triton.compile`` holds the GIL for most of its work, so threads do not overlap it. Worker
+processes do: each builds one (kernel, configuration) into Triton's on-disk cache, and the
+parent's own ``triton.compile`` of the same kernel is then a cache hit. Workers are separate
+interpreters (``python -m coil_cuda_triton.compile_worker``, reading jobs as JSON lines):
+never forked, since the parent holds a CUDA context, and not ``multiprocessing`` spawns,
+which would re-run the user's main script. They start in the background on the first
+compile; until they are up, and whenever anything goes wrong with them, kernels build
+in-process as before, so the pool can only save time. ``COIL_TRITON_COMPILE_WORKERS=0``
+turns it off."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_workers: list["_Worker"] | None = None
+
+
+def count() -> int:
+    env = os.environ.get("COIL_TRITON_COMPILE_WORKERS")
+    if env is not None:
+        return max(0, int(env))
+    return min(8, max(0, (os.cpu_count() or 1) - 1))
+
+
+class _Worker:
+    def __init__(self, arch: int) -> None:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "coil_cuda_triton.compile_worker", str(arch)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.ready = threading.Event()
+        self.dead = False
+        threading.Thread(target=self._await_ready, daemon=True).start()
+
+    def _await_ready(self) -> None:
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if line.strip() == "ready":
+            self.ready.set()
+        else:
+            self.dead = True
+
+    def run(self, job: list[Any]) -> bool:
+        try:
+            assert self.proc.stdin is not None and self.proc.stdout is not None
+            self.proc.stdin.write(json.dumps(job) + "\n")
+            self.proc.stdin.flush()
+            return bool(json.loads(self.proc.stdout.readline()).get("ok"))
+        except Exception as exc:  # the worker died: stop using it
+            self.dead = True
+            log.debug("coil: compile worker failed: %s", exc)
+            return False
+
+
+def start(arch: int) -> None:
+    """Start workers building for ``sm_<arch>`` in the background (idempotent)."""
+    global _workers
+    with _lock:
+        if _workers is None and count() >= 2:
+            try:
+                _workers = [_Worker(arch) for _ in range(count())]
+            except OSError as exc:
+                log.info("coil: no compile workers (%s); building kernels in-process", exc)
+                _workers = []
+
+
+def _serving() -> list[_Worker]:
+    return [w for w in _workers or [] if w.ready.is_set() and not w.dead]
+
+
+def ready() -> bool:
+    """Whether at least two workers are up and warm."""
+    return len(_serving()) >= 2
+
+
+def build(jobs: list[list[Any]]) -> None:
+    """Build ``[source_path, kernel fields, config fields, aligned, debug, arch]`` jobs into
+    Triton's cache in the workers; returns when all are done (failures are left for the
+    in-process build, which reports them)."""
+    if not ready() or not jobs:
+        return
+    todo: "queue.Queue[list[Any]]" = queue.Queue()
+    for job in jobs:
+        todo.put(job)
+
+    def drain(worker: _Worker) -> None:
+        while not worker.dead:
+            try:
+                job = todo.get_nowait()
+            except queue.Empty:
+                return
+            worker.run(job)
+
+    threads = [threading.Thread(target=drain, args=(w,)) for w in _serving()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()

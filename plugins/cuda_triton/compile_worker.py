@@ -1,0 +1,70 @@
+"""A compile worker of :mod:`.compile_pool`: reads jobs as JSON lines on stdin, builds each
+kernel into Triton's cache, answers ``{"ok": ...}`` on stdout (everything else it or Triton
+prints goes to stderr)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+
+def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool, debug: bool, arch: int) -> None:
+    from triton.backends.compiler import GPUTarget
+
+    from . import launch, loader
+    from .configs import Config
+    with open(path) as f:
+        module = loader.load(f.read(), interpret=False)
+    src = SimpleNamespace(**fields)
+    # the parent's GPU, named: a worker never creates a CUDA context
+    launch.compile_for(getattr(module, src.name), src, Config(**cfg), target=GPUTarget("cuda", arch, 32),
+                       aligned=aligned, debug=debug)
+
+
+def _warm_up(arch: int) -> None:
+    """Compile one tiny kernel: a process's first ``triton.compile`` pays for initialising
+    MLIR and LLVM (seconds), which must not land on the first real job."""
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    @triton.jit
+    def coil_warm_up(x, n, BLOCK: tl.constexpr):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(x + i, tl.load(x + i, mask=i < n) * 2.0, mask=i < n)
+
+    src = ASTSource(fn=coil_warm_up, signature={"x": "*fp32", "n": "i32", "BLOCK": "constexpr"},
+                    constexprs={"BLOCK": 128})
+    triton.compile(src, target=GPUTarget("cuda", arch, 32))
+
+
+def main() -> None:
+    replies = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # stray prints must not corrupt the replies
+    # everything a job imports (torch, through Coil's modules): the slow part of starting
+    import torch  # noqa: F401
+    import triton  # noqa: F401
+
+    from . import codegen, launch, loader  # noqa: F401
+    try:
+        _warm_up(int(sys.argv[1]))
+    except Exception as exc:  # a worker that cannot compile never reports ready
+        print(f"coil compile worker: warm-up failed: {exc}", file=sys.stderr)
+        return
+    replies.write("ready\n")
+    replies.flush()
+    for line in sys.stdin:
+        try:
+            build(*json.loads(line))
+            answer = {"ok": True}
+        except Exception as exc:
+            answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        replies.write(json.dumps(answer) + "\n")
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()

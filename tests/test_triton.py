@@ -1,0 +1,271 @@
+"""The Triton plugin's kernels against eager PyTorch, under Triton's interpreter on CPU
+tensors (whatever ``COIL_TEST_BACKEND`` says): masks only where sizes need them, persistent
+and looped reductions (Welford, argmax/argmin with ties and NaN, column sums, half and
+integer types), symbolic sizes, scans, scatters, bounds checks, kernel names, and the
+autotuner with its disk cache. Tensors are tiny: the interpreter runs each program in numpy."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+triton = pytest.importorskip("triton")
+
+import coil  # noqa: E402
+from coil import plugins  # noqa: E402
+from coil.sdk import KernelCompileError  # noqa: E402
+from coil_cuda_triton import autotune, mathlib  # noqa: E402
+from coil_cuda_triton import backend as triton_backend  # noqa: E402
+from coil_cuda_triton.backend import TritonBackend  # noqa: E402
+from coil_cuda_triton.configs import Config  # noqa: E402
+
+from helpers import check  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def _clean_language():
+    """Interpreted launches patch ``triton.language`` and leave some patches behind, after
+    which ``triton.compile`` fails in this process (tests/test_triton_mathlib.py compiles
+    for Hopper); :func:`mathlib.interpreting` undoes them when the test ends."""
+    with mathlib.interpreting():
+        yield
+
+
+def _route(backend: TritonBackend) -> TritonBackend:
+    backend.device_type = "cpu"
+    coil.register_backend_for_device("cpu", backend, name="triton-interpreter-tests")
+    return backend
+
+
+@pytest.fixture
+def interpreted():
+    """Route ``cpu`` to a fresh interpreted Triton backend; the registry is rebuilt after."""
+    if not triton.knobs.runtime.interpret:
+        pytest.skip("Triton's interpreter is off (TRITON_INTERPRET must be set before triton is "
+                    "imported; tests/conftest.py sets it where there is no GPU)")
+    plugins.reset()
+    yield lambda **kw: _route(TritonBackend(interpret=True, **kw))
+    plugins.reset()
+
+
+@pytest.fixture
+def backend(interpreted):
+    return interpreted()
+
+
+def _sources(report) -> list[str]:
+    assert report.kernels, "no kernel reached the Triton backend"
+    return [k.source for k in report.kernels]
+
+
+# ----------------------------------------------------------------------------- pointwise
+
+
+def test_pointwise_without_mask_when_every_block_divides(backend):
+    x = torch.randn(4096)  # candidates XBLOCK=1024, 2048 both divide 4096
+    report = check(lambda x: torch.sin(x) * 2 + 1, x)
+    (source,) = _sources(report)
+    assert "mask" not in source
+
+
+@pytest.mark.parametrize("n", [1000, 3000])
+def test_pointwise_ragged_size_is_masked(backend, n):
+    report = check(lambda x, y: torch.relu(x) - y, torch.randn(n), torch.randn(n))
+    (source,) = _sources(report)
+    assert "xmask" in source
+
+
+def test_transpose_and_broadcast(backend):
+    x, b = torch.randn(24, 16), torch.randn(24)
+    check(lambda x, b: (x.t() + b) * x.t().sigmoid(), x, b)
+
+
+# ----------------------------------------------------------------------------- reductions
+
+
+def test_persistent_softmax(backend):
+    report = check(lambda x: torch.softmax(x, -1), torch.randn(8, 100))
+    (kernel,) = report.kernels
+    assert "for roffset" not in kernel.source
+    assert "amax" in kernel.name and "exp" in kernel.name
+
+
+def test_looped_softmax_and_layer_norm(backend):
+    x, w, b = torch.randn(4, 10000), torch.randn(10000), torch.randn(10000)
+    report = check(lambda x: torch.softmax(x, -1), x, atol=1e-6, rtol=1e-4)
+    assert all("for roffset" in s for s in _sources(report))
+    report = check(lambda x, w, b: F.layer_norm(x, (10000,), w, b), x, w, b, atol=1e-4, rtol=1e-4)
+    assert all("for roffset" in s for s in _sources(report))
+    assert any("welford_combine" in s for s in _sources(report))
+
+
+def test_looped_welford_var_mean(backend):
+    x = torch.randn(4, 10000) * 3 + 5
+    report = check(lambda x: torch.var_mean(x, -1, correction=1), x, atol=1e-4, rtol=1e-4)
+    assert any("for roffset" in s and "welford_combine" in s for s in _sources(report))
+
+
+@pytest.mark.parametrize("cols", [100, 10000], ids=["persistent", "looped"])
+def test_argmax_argmin_ties_and_nan(backend, cols):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 4, (4, cols), generator=g).float()  # many ties: the first index wins
+    x[1, cols // 3] = float("nan")
+    x[2, cols // 2] = float("nan")
+    x[2, cols - 1] = float("nan")  # the first NaN wins
+    report = check(lambda x: (x.argmax(-1), x.argmin(-1)), x)
+    looped = any("for roffset" in s for s in _sources(report))
+    assert looped == (cols == 10000)
+
+
+@pytest.mark.parametrize("shape", [(64, 32), (20000, 8)], ids=["short", "tall"])
+def test_column_reductions(backend, shape):
+    # tall: a looped Welford and a sum that may be split into partial and combining kernels
+    check(lambda x: (x.sum(0), x.var(0)), torch.randn(shape), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_reductions(backend, dtype):
+    x = torch.randn(8, 100).to(dtype)
+    check(lambda x: (x.sum(-1), x.amax(-1), x.mean(-1) * 2), x, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_reductions(backend, dtype):
+    x = torch.randint(-100, 100, (8, 100), dtype=dtype)
+    check(lambda x: (x.sum(-1), x.amax(-1), x.amin(0), x.argmax(-1)), x)
+
+
+# ----------------------------------------------------------------------------- symbolic sizes
+
+
+def test_dynamic_shapes_compile_once(backend):
+    def fn(x):
+        return torch.softmax(x, -1) * 2 + x.sum(-1, keepdim=True)
+
+    compiled = torch.compile(fn, backend="coil", dynamic=True)
+    for rows, cols in [(3, 7), (5, 100), (2, 1500)]:
+        x = torch.randn(rows, cols)
+        torch.testing.assert_close(compiled(x), fn(x), atol=1e-4, rtol=1e-4)
+        if rows == 3:
+            kernels = len(backend.generated)
+            assert kernels > 0
+            assert all(src.params[len(src.buffers):] for src, _ in backend.generated), \
+                "a kernel with static sizes under dynamic=True"
+    assert len(backend.generated) == kernels, "a new size recompiled"
+
+
+# ----------------------------------------------------------------------------- scans and scatters
+
+
+def test_cumsum_and_cumprod(backend):
+    x = torch.randn(4, 300)
+    check(lambda x: x.cumsum(-1), x, atol=1e-4, rtol=1e-4)
+    check(lambda x: (x * 0.01 + 1).cumprod(0), torch.randn(7, 5), atol=1e-5, rtol=1e-5)
+
+
+def test_index_add_and_index_put_accumulate(backend):
+    x, i, v = torch.randn(10, 3), torch.tensor([0, 2, 2, 9, 2]), torch.randn(5, 3)
+    check(lambda x, i, v: x.index_add(0, i, v), x, i, v)
+    check(lambda x, i, v: torch.index_put(x, (i,), v, accumulate=True), x, i, v)
+    # float amax has no Triton atomic: one program applies the sources in order
+    check(lambda x, i, v: x.scatter_reduce(0, i, v, "amax"), torch.randn(10), i, torch.randn(5))
+
+
+# ----------------------------------------------------------------------------- bounds checks
+
+
+@pytest.fixture
+def interpreter_asserts(monkeypatch):
+    """Triton's interpreter drops ``tl.device_assert`` unless its builder's options say
+    ``debug`` (``InterpreterBuilder.options`` is a fixed ``InterpreterOptions()``; neither
+    ``TRITON_DEBUG`` nor ``triton.knobs.runtime.debug`` reaches it), so turn that on."""
+    from triton.runtime import interpreter
+    builder = interpreter.interpreter_builder
+    monkeypatch.setattr(builder, "options", dataclasses.replace(builder.options, debug=True))
+
+
+def test_embedding_bounds_check(interpreted, interpreter_asserts):
+    from triton.runtime.errors import InterpreterError
+    interpreted(bounds_check=True)
+    w = torch.randn(10, 4)
+
+    def fn(w, i):
+        return F.embedding(i, w) * 2
+
+    report = check(fn, w, torch.tensor([1, 9, 0]))
+    assert any("tl.device_assert" in s for s in _sources(report))
+    with pytest.raises(InterpreterError, match="index out of bounds"):
+        coil.explain(fn, w, torch.tensor([1, 12, 3]))
+
+
+def test_no_bounds_check_by_default(backend):
+    report = check(lambda w, i: F.embedding(i, w), torch.randn(10, 4), torch.tensor([3, 1]))
+    assert not any("device_assert" in s for s in _sources(report))
+
+
+# ----------------------------------------------------------------------------- the autotuner
+
+
+@pytest.fixture
+def launchers(monkeypatch):
+    """Every Launcher the Triton backend builds during the test."""
+    made = []
+
+    class Recorded(triton_backend.Launcher):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(triton_backend, "Launcher", Recorded)
+    return made
+
+
+def test_autotune_tunes_once_then_reads_the_disk_cache(interpreted, launchers, tmp_path):
+    def fn(x):
+        return torch.softmax(x, -1)
+
+    x = torch.randn(8, 100)
+    with coil.config.override(cache_dir=str(tmp_path)):
+        interpreted(tune_in_interpreter=True)
+        first = check(fn, x).result
+        assert sum(la.tuned for la in launchers) > 0
+        assert glob.glob(os.path.join(str(tmp_path), "triton-autotune", "*.json"))
+
+        launchers.clear()
+        interpreted(tune_in_interpreter=True)  # a new backend instance: nothing in memory
+        second = check(fn, x).result
+        assert launchers and sum(la.tuned for la in launchers) == 0
+    torch.testing.assert_close(second, first)
+
+
+def _fake_runs(times: dict[Config, float | Exception]):
+    def run(cfg):
+        def launch():
+            outcome = times[cfg]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return launch
+    return run
+
+
+def _bench(launch):
+    return launch()
+
+
+def test_select_picks_the_fastest_and_skips_failures():
+    a, b, c = Config(64), Config(128), Config(256)
+    times = {a: 3.0, b: RuntimeError("out of resources"), c: 1.5}
+    best, timings = autotune.select([a, b, c], _fake_runs(times), _bench)
+    assert best == c
+    assert timings == {str(a): 3.0, str(c): 1.5}
+
+
+def test_select_raises_when_every_config_fails():
+    a, b = Config(64), Config(128)
+    times = {a: RuntimeError("no"), b: ValueError("neither")}
+    with pytest.raises(KernelCompileError, match="every candidate configuration failed"):
+        autotune.select([a, b], _fake_runs(times), _bench)
