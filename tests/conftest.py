@@ -15,7 +15,9 @@ import torch  # noqa: E402
 os.environ.setdefault("COIL_CACHE_DIR", tempfile.mkdtemp(prefix="coil-test-cache-"))
 
 #: ``COIL_TEST_DEVICE=cuda`` makes new tensors CUDA tensors by default, so the differential
-#: tests run on the GPU (through the Triton plugin) against eager on the GPU.
+#: tests (``tests/test_compile.py``, ``tests/test_training.py``) run on the GPU, through the
+#: Triton plugin, against eager on the GPU. Other files build their own inputs: run them
+#: without it (``tests/test_triton_mathlib.py`` makes CPU generators, which it rejects).
 if os.environ.get("COIL_TEST_DEVICE"):
     torch.set_default_device(os.environ["COIL_TEST_DEVICE"])
 

@@ -119,3 +119,25 @@ def test_doctor_command_runs():
     out = subprocess.run([sys.executable, "-m", "coil.cli", "doctor"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "cpu_cpp" in out.stdout and "(entry point)" in out.stdout
+
+
+def test_capabilities_without_scans_or_scatter_fall_back_per_op():
+    """A backend declaring ``scans=False, scatter=False`` never receives those kernels: the
+    ops run in ATen and everything else still compiles for it."""
+    import dataclasses
+
+    from coil_cpu_cpp.backend import CppBackend
+
+    backend = CppBackend()
+    backend.capabilities = dataclasses.replace(backend.capabilities, scans=False, scatter=False)
+    coil.register_backend_for_device("cpu", backend, name="no-scans")
+    try:
+        x, i = torch.randn(6, 5), torch.tensor([0, 2, 2])
+        r = coil.explain(lambda x, i: (x.cumsum(1) + 1, x.index_add(0, i, x[:3])), x, i)
+        torch.testing.assert_close(r.result[0], x.cumsum(1) + 1)
+        torch.testing.assert_close(r.result[1], x.index_add(0, i, x[:3]))
+        assert any("cumsum" in op for op in r.fallbacks), r.fallbacks
+        assert any("index_add" in op or "index_put" in op or "scatter" in op for op in r.fallbacks), r.fallbacks
+        assert r.kernels
+    finally:
+        plugins.reset()

@@ -110,3 +110,14 @@ def _is_dense(size: Sequence[Expr], stride: Sequence[Expr]) -> bool:
             return False
         expected = expected * n
     return True
+
+
+def require_capability(device: torch.device, feature: str, op: str) -> None:
+    """Raise ``LoweringError`` (so the op falls back to ATen) when the backend serving
+    ``device`` declares it lacks ``feature`` (a boolean field of its ``Capabilities``, such
+    as ``scans`` or ``scatter``). Devices with no backend are left to the scheduler."""
+    from .. import plugins
+    from ..errors import LoweringError
+    backend = plugins.registry().backends.get(device.type)
+    if backend is not None and not getattr(backend.capabilities, feature, True):
+        raise LoweringError(op, f"the {device.type} backend declares {feature}=False")

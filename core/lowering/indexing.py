@@ -14,7 +14,7 @@ import torch
 from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
-from .context import LoweringContext, layout_from_meta
+from .context import LoweringContext, layout_from_meta, require_capability
 from .pointwise import check_dtype
 from .registry import lowering
 from .values import Lazy, Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
@@ -176,6 +176,7 @@ def _scatter_node(ctx: LoweringContext, base: TensorValue, src_size: Sequence[Ex
     """``target(s) -> (dst index list, indirects)``; ``value(s) -> Value``."""
     dtype = base.dtype
     check_dtype(dtype, ctx.origin)
+    require_capability(base.device, "scatter", ctx.origin)
     layout = layout_from_meta(ctx.out_meta) or ir.Layout(
         dtype, base.device, tuple(base.size), ir.contiguous_strides(base.size))
     from .context import split_unit_dims

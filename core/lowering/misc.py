@@ -10,7 +10,7 @@ import torch
 from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
-from .context import LoweringContext, layout_from_meta, split_unit_dims
+from .context import LoweringContext, layout_from_meta, require_capability, split_unit_dims
 from .pointwise import check_dtype, compute_dtype, pointwise
 from .registry import lowering
 from .values import Realized, TensorValue, broadcast_to, cast, const, lazy, to_dtype, to_sympy
@@ -221,6 +221,7 @@ def _scan(ctx: LoweringContext, x: TensorValue, dim: int, *, dtype: torch.dtype 
     out = meta.dtype
     check_dtype(out, ctx.origin)
     check_dtype(x.dtype, ctx.origin)
+    require_capability(x.device, "scans", ctx.origin)
     combine = "sum" if "cumsum" in ctx.origin else "prod"
     if x.ndim == 0:
         return copy_of(x, out)
