@@ -83,6 +83,15 @@ def test_transpose_and_broadcast(backend):
     check(lambda x, b: (x.t() + b) * x.t().sigmoid(), x, b)
 
 
+@pytest.mark.parametrize("shape, perm", [((64, 48), (1, 0)), ((4, 33, 40), (0, 2, 1)), ((40, 20), (1, 0))])
+def test_transposing_copy_uses_2d_tiles(backend, shape, perm):
+    """Reading along one dim and writing along another: [rows, columns] tiles (both sides
+    coalesced on the GPU), masked where a tile overhangs."""
+    report = check(lambda x: x.permute(*perm).contiguous() * 2, torch.randn(shape))
+    (source,) = _sources(report)
+    assert "columns = tl.cdiv(" in source and "rindex" in source
+
+
 # ----------------------------------------------------------------------------- reductions
 
 

@@ -101,13 +101,20 @@ class KernelWriter:
             self.shape = "persistent"
         self.configs = configs.candidates(self.shape, _static(self.xnumel), _static(self.rnumel),
                                           self.x_contiguous)
+        x_syms, x_rng, r_syms, r_rng = kernel.x_vars, kernel.x_ranges, kernel.r_vars, kernel.r_ranges
+        cut = None if self.reduction else tile_split(kernel)
+        if cut is not None:  # a transpose: [XBLOCK, RBLOCK] tiles of the outer and inner dims
+            self.shape, self.reduction = "tile2d", True
+            x_syms, x_rng, r_syms, r_rng = x_syms[:cut], x_rng[:cut], x_syms[cut:], x_rng[cut:]
+            self.xnumel, self.rnumel = sympy.Mul(*x_rng), sympy.Mul(*r_rng)
+            self.configs = list(configs.TILE2D)
         self.xmask = self._needs_xmask()
         self.rmask = self._needs_rmask()
         self.persistent_scope: Scope | None = None
         xshape = "[:, None]" if self.reduction else ""
-        levels = [Level("x", kernel.x_vars, kernel.x_ranges, "xindex")]
+        levels = [Level("x", x_syms, x_rng, "xindex")]
         if self.reduction:
-            levels.append(Level("r", kernel.r_vars, kernel.r_ranges, "rindex"))
+            levels.append(Level("r", r_syms, r_rng, "rindex"))
         self.levels = {lv.prefix: lv for lv in levels}
         self.ix = IndexWriter(levels)
         self._xshape = xshape
@@ -169,10 +176,13 @@ class KernelWriter:
         constexprs = ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if self.reduction else [])
         self.w.line("@jit")
         with self.w.block(f"def {k.name}({', '.join(params + constexprs)}):"):
-            self._prologue()
-            if self.reduction:
+            if self.shape == "tile2d":
+                self._tile_body()
+            elif self.reduction:
+                self._prologue()
                 self._reduction_body()
             else:
+                self._prologue()
                 scope = Scope(mask=self.mask("x"))
                 self._emit(k.nodes, "x", scope)
         return KernelSource(k.name, self.w.text(), params, types, self.shape, self.xnumel, self.rnumel,
@@ -188,6 +198,23 @@ class KernelWriter:
         if self.reduction:
             w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
         self.define_x()
+
+    def _tile_body(self) -> None:
+        """A pointwise kernel on 2-D tiles: rows over the outer dims, columns over the inner
+        ones, so accesses contiguous along either stay coalesced (Triton moves the tile
+        through shared memory between the two layouts)."""
+        w = self.w
+        w.line("pid = tl.program_id(0)")
+        w.line(f"columns = tl.cdiv({self.rnumel_text}, RBLOCK)")
+        w.line("xindex = (pid // columns) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        w.line("rindex = (pid % columns) * RBLOCK + tl.arange(0, RBLOCK)[None, :]")
+        if self.xmask:
+            w.line(f"xmask = xindex < {self.xnumel_text}")
+        if self.rmask:
+            w.line(f"rmask = rindex < {self.rnumel_text}")
+        self.define_x()
+        self._define_r(self.k.nodes)
+        self._emit(self.k.nodes, "r", Scope(mask=self.mask("r")))
 
     def define_x(self) -> None:
         w = self.w
@@ -437,6 +464,32 @@ class KernelWriter:
         shape = "[1, 1]" if self.reduction else "[1]"
         other = literal(v.other, v.dtype, shape)
         self.w.line(f"{name} = tl.where({cond}, {body}, {other})")
+
+
+def tile_split(k: Kernel) -> int | None:
+    """Where to cut a pointwise kernel's dims into tile rows and columns: after the dim that
+    some access walks with unit stride, when another walks the innermost dim with unit stride
+    (a transpose); None to stay 1-D. Static sizes, plain pointwise nodes only."""
+    d = len(k.x_ranges)
+    if d < 2 or any(not n.is_number for n in k.x_ranges) or not k.nodes or \
+            any(kn.is_reduction for kn in k.nodes):
+        return None
+    inner_unit, outer_unit = False, None
+    for kn in k.nodes:
+        indices = [ld.index for ld in _loads(kn.body) if ld.buffer not in k.internal]
+        if kn.node.outputs()[0] not in k.internal:
+            indices.append(kn.store_index)
+        for e in indices:
+            e = sympy.expand(sympy.sympify(e))
+            units = [i for i, v in enumerate(k.x_vars) if e.coeff(v) == 1]
+            if d - 1 in units:
+                inner_unit = True
+            elif units:
+                outer_unit = max(units) if outer_unit is None else max(outer_unit, max(units))
+    if not inner_unit or outer_unit is None:
+        return None
+    rows, cols = sympy.Mul(*k.x_ranges[:outer_unit + 1]), sympy.Mul(*k.x_ranges[outer_unit + 1:])
+    return outer_unit + 1 if int(rows) >= 16 and int(cols) >= 16 else None
 
 
 def _loads(v: Value) -> list[Load]:

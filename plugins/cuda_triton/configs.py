@@ -84,6 +84,10 @@ def _looped(xnumel: int | None, rnumel: int | None, x_contiguous: bool) -> list[
     return [Config(1, 2048, num_warps=8), Config(1, 4096, num_warps=16), Config(1, 8192, num_warps=16)]
 
 
+#: Tiles of transposing pointwise kernels (rows x columns).
+TILE2D = (Config(32, 32, num_warps=4), Config(64, 64, num_warps=8))
+
+
 def bucket(sizes: tuple[int, ...]) -> tuple[int, ...]:
     """The size bucket of a symbolic launch: each size rounded up to a power of two."""
     return tuple(pow2_at_least(max(1, s)) for s in sizes)

@@ -113,8 +113,9 @@ class IndexWriter:
                 lv, i = self.where[s]
                 run = Run(lv.prefix, i, i)
                 runs.add(run)
-                if lv.covers_all(run):  # the level's only dim: its flat index
-                    rename[s] = sympy.Symbol(lv.flat, integer=True, nonnegative=True)
+                # the variable holding the dim: the flat index when it is the level's only dim
+                rename[s] = sympy.Symbol(lv.flat if lv.covers_all(run) else run.name,
+                                         integer=True, nonnegative=True)
             parts.append(text(others.xreplace(rename)))
         return (" + ".join(parts) if parts else "0"), {r for r in runs if not self._is_flat(r)}
 
@@ -137,4 +138,6 @@ class IndexWriter:
         return out
 
     def mentions(self, e: sympy.Expr, prefix: str) -> bool:
-        return any(s.name.startswith(prefix) and s in self.where for s in sympy.sympify(e).free_symbols)
+        """Whether ``e`` uses a loop variable of the level ``prefix``."""
+        return any(s in self.where and self.where[s][0].prefix == prefix
+                   for s in sympy.sympify(e).free_symbols)

@@ -143,7 +143,7 @@ class Launcher:
         src = self.src
         xnumel = self._xnumel(sizes)
         budget = 2**14
-        if src.shape in ("serial", "scan", "split", "pointwise-2d"):
+        if src.shape in ("serial", "scan", "split", "pointwise-2d", "tile2d"):
             return src.configs[0]
         if src.shape == "persistent":
             rblock = src.configs[0].rblock
@@ -158,11 +158,14 @@ class Launcher:
     def grid(self, cfg: Config, sizes: tuple[int, ...]) -> int:
         if self.src.shape == "serial":
             return 1
+        if self.src.shape == "tile2d":  # static sizes: tiles of rows times tiles of columns
+            rows, cols = int(self.src.xnumel), int(self.src.rnumel)
+            return -(-rows // cfg.xblock) * -(-cols // cfg.rblock)
         xnumel = self._xnumel(sizes)
         return max(1, -(-xnumel // cfg.xblock))
 
     def launch(self, cfg: Config, stream: Any, args: Sequence[Any]) -> None:
-        if self._xnumel(tuple(args[self.n_ptrs:])) == 0:
+        if self._xnumel(tuple(args[self.n_ptrs:])) == 0 or (self.src.shape == "tile2d" and self.src.rnumel == 0):
             return  # nothing to write (and an empty tensor may have no memory at all)
         grid = self.grid(cfg, tuple(args[self.n_ptrs:]))
         consts = cfg.constexprs(self.reduction)
