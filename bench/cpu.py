@@ -73,12 +73,12 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from common import log_failure  # noqa: E402  (bench/ is on sys.path)
 
 log = logging.getLogger("bench.cpu")
 
@@ -424,39 +424,6 @@ def compare(actual: Tensors, expected: Tensors, atol: float, rtol: float) -> str
         if a.numel():
             max_err = max(max_err, (a.double() - e.double()).abs().max().item())
     return f"ok (max err {max_err:.1e})"
-
-
-_logged_failures: set[str] = set()
-
-
-def log_failure(context: str, exc: BaseException) -> str:
-    """Log a failure (full traceback the first time a message is seen) and return its one-liner."""
-    msg = one_line(exc)
-    if msg in _logged_failures:
-        log.warning("%s failed: %s (traceback logged above)", context, msg)
-    else:
-        _logged_failures.add(msg)
-        log.warning("%s failed:\n%s", context, "".join(traceback.format_exception(exc)))
-    return msg
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    root, seen = exc, {id(exc)}
-    # dynamo's BackendCompilerFailed raises "from None" but keeps the backend's error as inner_exception
-    while (inner := root.__cause__ or getattr(root, "inner_exception", None)) is not None and id(inner) not in seen:
-        root = inner
-        seen.add(id(inner))
-    return root
-
-
-def one_line(exc: BaseException, limit: int = 200) -> str:
-    """Short single-line description of ``exc``, naming its root cause when it wraps one."""
-    root = _root_cause(exc)
-    text = next((ln.strip() for ln in str(root).splitlines() if ln.strip()), "")
-    msg = f"{type(root).__name__}: {text}" if text else type(root).__name__
-    if root is not exc:
-        msg = f"{type(exc).__name__} <- {msg}"
-    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------- #

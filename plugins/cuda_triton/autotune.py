@@ -12,7 +12,7 @@ import logging
 import os
 import tempfile
 import time
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import coil.sdk as sdk
 
@@ -95,7 +95,3 @@ def wall_bench(fn: Callable[[], None], reps: int = 1) -> float:
     for _ in range(reps):
         fn()
     return (time.perf_counter() - t0) * 1000 / reps
-
-
-def describe(config: Config) -> dict[str, Any]:
-    return dict(config.__dict__)

@@ -70,6 +70,7 @@ class Launcher:
         self._xnumel = _size_fn(src, "xnumel")
         self._binaries: dict[tuple[Config, bool], Any] = {}
         self._raw: dict[tuple[Config, bool], Any] = {}
+        self._grids: dict[Config, int] = {}
         self._winners: dict[Any, Config] = {}
         self.static = not src.params[self.n_ptrs:]
         self.cache = autotune.TuneCache()
@@ -113,7 +114,7 @@ class Launcher:
         if cfg is None:
             cfg = self._choose(bucket, stream, args)
             self._winners[bucket] = cfg
-        self.launch(cfg, stream, args)
+        self.launch(cfg, stream, args, sizes)
 
     def _choose(self, bucket: Any, stream: Any, args: Sequence[Any]) -> Config:
         if self.interpret and not self.tune_in_interpreter:
@@ -156,31 +157,47 @@ class Launcher:
         return Config(xblock, rblock, num_warps=1)
 
     def grid(self, cfg: Config, sizes: tuple[int, ...]) -> int:
+        """Programs to launch (0: nothing to write); memoised for static kernels, whose
+        launches all have the same sizes."""
+        if not self.static:
+            return self._grid(cfg, sizes)
+        got = self._grids.get(cfg)
+        if got is None:
+            got = self._grids[cfg] = self._grid(cfg, sizes)
+        return got
+
+    def _grid(self, cfg: Config, sizes: tuple[int, ...]) -> int:
+        xnumel = self._xnumel(sizes)
+        if xnumel == 0:
+            return 0
         if self.src.shape == "serial":
             return 1
         if self.src.shape == "tile2d":  # static sizes: tiles of rows times tiles of columns
-            rows, cols = int(self.src.xnumel), int(self.src.rnumel)
-            return -(-rows // cfg.xblock) * -(-cols // cfg.rblock)
-        xnumel = self._xnumel(sizes)
-        return max(1, -(-xnumel // cfg.xblock))
+            cols = int(self.src.rnumel)
+            return -(-xnumel // cfg.xblock) * -(-cols // cfg.rblock)
+        return -(-xnumel // cfg.xblock)
 
-    def launch(self, cfg: Config, stream: Any, args: Sequence[Any]) -> None:
-        if self._xnumel(tuple(args[self.n_ptrs:])) == 0 or (self.src.shape == "tile2d" and self.src.rnumel == 0):
+    def launch(self, cfg: Config, stream: Any, args: Sequence[Any],
+               sizes: tuple[int, ...] | None = None) -> None:
+        if sizes is None:
+            sizes = tuple(args[self.n_ptrs:])
+        grid = self.grid(cfg, sizes)
+        if grid == 0:
             return  # nothing to write (and an empty tensor may have no memory at all)
-        grid = self.grid(cfg, tuple(args[self.n_ptrs:]))
-        consts = cfg.constexprs(self.reduction)
         if self.interpret:
-            _interpreted_launch(self.fn, grid, args, consts, self.debug)
+            _interpreted_launch(self.fn, grid, args, cfg.constexprs(self.reduction), self.debug)
             return
-        aligned = all(a.data_ptr() % 16 == 0 for a in args[:self.n_ptrs])
+        ptrs = [a.data_ptr() for a in args[:self.n_ptrs]]
+        aligned = not any(p % 16 for p in ptrs)
         raw = self._raw.get((cfg, aligned))
         if raw is None:
             raw = self._raw_launcher(cfg, aligned)
         if raw is not False:
-            raw(grid, stream, args)
+            raw(grid, stream, ptrs, sizes)
             return
         b = self.binary(cfg, aligned)
-        b.run(grid, 1, 1, stream, b.function, b.packed_metadata, None, None, None, *args, *consts.values())
+        b.run(grid, 1, 1, stream, b.function, b.packed_metadata, None, None, None, *args,
+              *cfg.constexprs(self.reduction).values())
 
     def _raw_launcher(self, cfg: Config, aligned: bool) -> Any:
         """A ctypes launcher for the binary (False when it needs Triton's own)."""

@@ -35,8 +35,8 @@ def usable(binary: Any) -> bool:
 
 
 class RawLauncher:
-    """``launcher(grid, stream, args)`` for one binary; ``types`` are the signature types of
-    the non-constexpr parameters (``*fp32``, ``i64``...)."""
+    """``launcher(grid, stream, ptrs, sizes)`` for one binary; ``types`` are the signature
+    types of the non-constexpr parameters (``*fp32``, ``i64``...), pointers first."""
 
     def __init__(self, binary: Any, types: Sequence[str]) -> None:
         from triton.runtime.driver import driver
@@ -55,10 +55,11 @@ class RawLauncher:
             *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.values])
         self.launch = _cuda().cuLaunchKernel
 
-    def __call__(self, grid: int, stream: int, args: Sequence[Any]) -> None:
+    def __call__(self, grid: int, stream: int, ptrs: Sequence[int], sizes: Sequence[int]) -> None:
+        """Launch with the pointer values (already read) and the size arguments."""
         values = self.values
-        for i, (a, p) in enumerate(zip(args, self.is_ptr)):
-            values[i].value = a.data_ptr() if p else a
+        for i, v in enumerate((*ptrs, *sizes)):
+            values[i].value = v
         err = self.launch(self.function, grid, 1, 1, self.threads, 1, 1, self.shared, stream, self.params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")

@@ -16,7 +16,7 @@ import sympy
 from coil.sdk import ReductionNode
 
 from .configs import Config, pow2_at_least
-from .optable import POINTER, STORAGE, compute
+from .optable import POINTER, STORAGE
 from .reductions import Reduction, _combine_fn
 
 if TYPE_CHECKING:
@@ -153,7 +153,3 @@ class SplitLauncher:
         full = (*args[:self.n_buffers], *spaces, *args[self.n_buffers:])
         self.partial(stream, *full)
         self.combine(stream, *full)
-
-    @property
-    def tuned(self) -> int:
-        return 0
