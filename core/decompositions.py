@@ -29,6 +29,13 @@ KEEP = [aten.var_mean.correction, aten.var.correction, aten.std.correction, aten
         aten.mean.default, aten.index_select.default, aten.clamp_min,
         aten.clamp_max]
 
+#: Ops whose decomposition must never run: their backward is an ATen kernel that reads the
+#: forward's saved outputs, so forward and backward have to be the same library op. PyTorch's
+#: decomposition of the CPU flash-attention forward returns the attention weights where the
+#: op returns the log-sum-exp, and the flash backward then computes garbage gradients.
+#: Attention stays a library call in both directions (``graph.LIBRARY_OPS``).
+PAIRED_WITH_BACKWARD = [aten._scaled_dot_product_flash_attention_for_cpu.default]
+
 
 @functools.lru_cache(maxsize=None)
 def table() -> dict[Any, Callable[..., Any]]:
@@ -39,4 +46,6 @@ def table() -> dict[Any, Callable[..., Any]]:
         for overload in ([op] if isinstance(op, torch._ops.OpOverload) else
                          [getattr(op, n) for n in op.overloads()]):
             decomps.pop(overload, None)
+    for op in PAIRED_WITH_BACKWARD:
+        decomps.pop(op, None)
     return decomps

@@ -208,16 +208,22 @@ class GraphLowering:
             raise LoweringError(str(node.target), "not callable")
         self.ctx.fallbacks.append(FallbackRecord(self.ctx.origin, reason, kind))
 
-        def to_ref(v: Any) -> Any:
+        def to_ref(v: Any, meta: Any) -> Any:
             if isinstance(v, TensorValue):
-                r = self.ctx.realize(v)
+                # the layout eager gives this value, so the op sees (and returns) what it
+                # would in eager; the wrapper still checks what comes back
+                r = self.ctx.realize(v, layout_from_meta(meta))
                 return ir.BufferRef(r.name, r.layout)
             if isinstance(v, (list, tuple)):
-                return type(v)(to_ref(i) for i in v)
+                metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(v) else [None] * len(v)
+                return type(v)(to_ref(i, m) for i, m in zip(v, metas))
             return v
 
-        ref_args = tuple(to_ref(a) for a in args)
-        ref_kwargs = {k: to_ref(v) for k, v in kwargs.items()}
+        def meta_of(a: Any) -> Any:
+            return torch.fx.node.map_arg(a, lambda n: n.meta.get("val"))
+
+        ref_args = tuple(to_ref(a, meta_of(fa)) for a, fa in zip(args, node.args))
+        ref_kwargs = {k: to_ref(v, meta_of(node.kwargs[k])) for k, v in kwargs.items()}
         meta = node.meta.get("val")
         names: list[str] = []
         layouts: list[Layout | None] = []

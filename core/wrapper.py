@@ -17,6 +17,13 @@ from .sdk.codewriter import CodeWriter
 from .symbolic import ExprPrinter
 
 
+def restride(t: torch.Tensor, size: Sequence[Any], stride: Sequence[Any]) -> torch.Tensor:
+    """``t`` copied into the layout the generated code expects."""
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
 class PyPrinter(ExprPrinter):
     def minimum(self, args: list[str]) -> str:
         return f"min({', '.join(args)})"
@@ -107,7 +114,7 @@ class WrapperWriter:
                     backend, module_var = self.launchers[step.name]
                     self.w.line(backend.call_line(module_var, step, step.args))
                 else:
-                    self._extern(step, i)  # type: ignore[arg-type]
+                    self._extern(step, set(self.plan.frees[i]))  # type: ignore[arg-type]
                 for name in self.plan.frees[i]:
                     self.w.line(f"del {name}")
             outs = [self._output(o) for o in self.graph.outputs]
@@ -153,7 +160,8 @@ class WrapperWriter:
         self.w.line(f"{alloc.name} = empty_strided(({size}{comma}), ({stride}{comma}), "
                     f"dtype={self.const(lay.dtype)}, device={dev})")
 
-    def _extern(self, node: ir.ExternNode, i: int) -> None:
+    def _extern(self, node: ir.ExternNode, dead: set[str]) -> None:
+        """An ATen call; ``dead``: its outputs nothing reads (freed at once)."""
         op = self.const(node.op)
         args = [self.arg(a) for a in node.args] + [f"{k}={self.arg(v)}" for k, v in node.kwargs.items()]
         call = f"{op}({', '.join(args)})"
@@ -168,6 +176,28 @@ class WrapperWriter:
                 if isinstance(n, sympy.Symbol) and n.name not in self.bound:
                     self.w.line(f"{n.name} = {name}.size({dim})")
                     self.bound.add(n.name)
+            if layout is not None and name not in dead:
+                self._check_layout(name, layout)
+
+    def _check_layout(self, name: str, layout: ir.Layout) -> None:
+        """Everything after an ATen call was generated for the strides eager's meta function
+        predicted; an op may return others (its inputs' layout, a kernel's own choice). One
+        comparison per call; on a mismatch the result is copied into the predicted layout."""
+        dims = [d for d, n in enumerate(layout.size) if n != 1]
+        if any(n == 0 for n in layout.size) or not dims:
+            return
+        symbols = set().union(*(sympy.sympify(layout.stride[d]).free_symbols for d in dims))
+        if any(sym.name not in self.bound for sym in symbols):
+            return  # strides from sizes only known inside the op: nothing to compare with
+        stride = "(" + ", ".join(py(layout.stride[d]) for d in dims) + ("," if len(dims) == 1 else "") + ")"
+        if len(dims) == len(layout.size):
+            got = f"{name}.stride()"
+        else:
+            got = "(" + ", ".join(f"{name}.stride({d})" for d in dims) + ("," if len(dims) == 1 else "") + ")"
+        size = ", ".join(py(n) for n in layout.size) + ("," if len(layout.size) == 1 else "")
+        full = ", ".join(py(st) for st in layout.stride) + ("," if len(layout.stride) == 1 else "")
+        self.ns["restride"] = restride
+        self.w.line(f"if {got} != {stride}: {name} = restride({name}, ({size}), ({full}))")
 
     def _output(self, out: Any) -> str:
         if out.name is not None:
