@@ -212,7 +212,7 @@ class GraphLowering:
             if isinstance(v, TensorValue):
                 # the layout eager gives this value, so the op sees (and returns) what it
                 # would in eager; the wrapper still checks what comes back
-                r = self.ctx.realize(v, layout_from_meta(meta))
+                r = self.ctx.realize(v, layout_from_meta(meta), view_ok=True)
                 return ir.BufferRef(r.name, r.layout)
             if isinstance(v, (list, tuple)):
                 metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(v) else [None] * len(v)

@@ -48,16 +48,24 @@ class LoweringContext:
         self.nodes.append(node)
         return node
 
-    def realize(self, value: TensorValue, layout: Layout | None = None) -> Realized:
-        """Write a lazy value into a new buffer (contiguous unless ``layout`` says otherwise)."""
+    def realize(self, value: TensorValue, layout: Layout | None = None, *,
+                view_ok: bool = False) -> Realized:
+        """Write a lazy value into a new buffer (contiguous unless ``layout`` says otherwise).
+        A view of a lazy value realizes its base and views that (the buffer keeps the base's
+        loop structure) when no ``layout`` is asked for, or, with ``view_ok``, when the view
+        has ``layout``'s strides; otherwise the view is copied into ``layout``."""
         if isinstance(value, Realized):
             return value
         assert isinstance(value, Lazy), value
-        if value.view_of is not None and layout is None:
+        if value.view_of is not None and (layout is None or view_ok):
             base, rebuild = value.view_of
             view = rebuild(self.realize(base))
-            if isinstance(view, Realized):
+            if isinstance(view, Realized) and (layout is None or same_strides(view.layout, layout)):
                 return view
+            if isinstance(view, Lazy):
+                value = view
+            else:  # a view of the realized base in other strides: copy it, reading memory
+                value = Lazy(view.dtype, view.device, view.size, view.load, origins=value.origins)
         if layout is None or tuple(layout.size) != tuple(value.size) or layout.dtype != value.dtype:
             layout = Layout(value.dtype, value.device, tuple(value.size),
                             ir.contiguous_strides(value.size))
@@ -83,6 +91,12 @@ def split_unit_dims(size: Sequence[Expr], prefix: str = "x",
             idx.append(sympy.Symbol(f"{prefix}{start + len(ranges)}", integer=True, nonnegative=True))
             ranges.append(n)
     return tuple(ranges), idx
+
+
+def same_strides(a: Layout, b: Layout) -> bool:
+    """Whether two layouts of one size address memory alike (size-1 dims' strides aside)."""
+    return tuple(a.size) == tuple(b.size) and all(
+        n == 1 or sympy.expand(sa - sb) == 0 for n, sa, sb in zip(a.size, a.stride, b.stride))
 
 
 def layout_from_meta(meta: Any) -> Layout | None:
