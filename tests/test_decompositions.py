@@ -1,0 +1,58 @@
+"""Coil's decomposition table against the ops it replaces, output by output.
+
+A decomposed forward op whose backward stays an ATen kernel hands that kernel the
+decomposition's saved outputs (mean, rstd, log-sum-exp, buffers); a decomposition that returns
+something else in a secondary output gives wrong gradients with no error. Each multi-output
+op the table decomposes and a model uses is checked here on every output."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from coil.decompositions import table
+
+aten = torch.ops.aten
+
+
+def _cases():
+    torch.manual_seed(0)
+    x4 = torch.randn(2, 6, 5, 5)
+    w6, b6 = torch.randn(6), torch.randn(6)
+    x3 = torch.randn(3, 4, 8)
+    target = torch.randint(0, 8, (3,))
+    yield aten.native_layer_norm.default, (x3, [8], torch.randn(8), torch.randn(8), 1e-5)
+    yield aten.native_group_norm.default, (x4, w6, b6, 2, 6, 25, 3, 1e-5)
+    yield aten.native_batch_norm.default, (x4, w6, b6, torch.zeros(6), torch.ones(6), True, 0.1, 1e-5)
+    yield aten._native_batch_norm_legit_functional.default, (x4, w6, b6, torch.zeros(6), torch.ones(6), True, 0.1, 1e-5)
+    yield aten._native_batch_norm_legit_no_training.default, (x4, w6, b6, torch.randn(6), torch.rand(6) + 0.5, 0.1, 1e-5)
+    yield aten._fused_rms_norm.default, (x3, [8], torch.randn(8), 1e-6)
+    yield aten.nll_loss_forward.default, (torch.randn(3, 8).log_softmax(-1), target, None, 1, -100)
+    yield aten.log_sigmoid_forward.default, (torch.randn(4, 5),)
+    yield aten.var_mean.correction, (x3, [1]), {"correction": 1}
+    yield aten._scaled_dot_product_attention_math.default, (torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))
+
+
+def _ids():
+    return [str(c[0]) for c in _cases()]
+
+
+@pytest.mark.parametrize("case", list(_cases()), ids=_ids())
+def test_decomposition_matches_the_op_on_every_output(case):
+    op, args, kwargs = (*case, {})[:3]
+    decomp = table().get(op)
+    if decomp is None:
+        pytest.skip(f"{op} is not decomposed by Coil")
+    expected = op(*args, **kwargs)
+    got = decomp(*args, **kwargs)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if e is None or (isinstance(e, torch.Tensor) and e.numel() == 0):
+            continue
+        torch.testing.assert_close(g, e, atol=1e-5, rtol=1e-5, msg=f"{op} output {i}")
+
+
+def test_attention_forward_is_never_decomposed():
+    """Its backward reads the forward's log-sum-exp; the decomposition returns the weights."""
+    assert aten._scaled_dot_product_flash_attention_for_cpu.default not in table()
