@@ -1,38 +1,14 @@
-"""The ``coil`` command. ``coil doctor`` lists plugins, which plugin serves each device,
-toolchain checks, and every plugin that failed to load; ``coil conformance`` (in
-:mod:`coil.sdk.testing.scorecard`) and ``coil new-plugin`` (in :mod:`coil.sdk.scaffold`) live
-next to what they drive and register themselves here through ``add_arguments``/``run``."""
+"""The ``coil`` command. ``coil doctor`` (in :mod:`coil.doctor`) lists plugins, which plugin
+serves each device, toolchain checks, settings, and every plugin that failed to load;
+``coil conformance`` (in :mod:`coil.sdk.testing.scorecard`) and ``coil new-plugin`` (in
+:mod:`coil.sdk.scaffold`) live next to what they drive and register themselves here through
+``add_arguments``/``run``."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import __version__, plugins
-
-
-def doctor_report() -> tuple[str, bool]:
-    """The report's text, and whether everything checked out."""
-    from .sdk import API_VERSION
-
-    reg = plugins.registry()
-    ok = not reg.errors
-    lines = [f"coil {__version__} (coil.sdk API {API_VERSION})", "", "plugins:"]
-    for p in reg.plugins:
-        lines.append(f"  {p.name:<24} version {p.version or '-':<8} API {p.api_version:<8} ({p.source})")
-    if not reg.plugins:
-        lines.append("  (none)")
-    lines += ["", "devices:"]
-    for device_type, backend in sorted(reg.backends.items()):
-        lines.append(f"  {device_type:<10} served by {backend.name or type(backend).__name__}")
-        for check in backend.doctor():
-            ok = ok and check.ok
-            lines.append(f"    [{'ok' if check.ok else 'FAIL'}] {check.name}: {check.detail}")
-    if not reg.backends:
-        lines.append("  (none)")
-    if reg.errors:
-        lines += ["", "plugins that failed to load:"]
-        lines += [f"  {e.plugin}: {e.reason}" for e in reg.errors]
-    return "\n".join(lines), ok
+from .doctor import doctor_report
 
 
 def _doctor(args: argparse.Namespace) -> int:
@@ -46,6 +22,8 @@ def _doctor(args: argparse.Namespace) -> int:
 _COMMAND_MODULES = {
     "conformance": "coil.sdk.testing.scorecard",
     "new-plugin": "coil.sdk.scaffold",
+    "repro": "coil.repro",
+    "cache": "coil.sdk.cache_command",
 }
 
 

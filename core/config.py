@@ -1,6 +1,14 @@
 """Coil's typed configuration: a few documented knobs, each overridable by an environment
 variable (``COIL_<NAME>``), by ``torch.compile(..., options={...})`` and by :func:`override`.
 
+Every value is checked where it enters: a size outside its range, a float or a bool where an
+integer belongs, or a flag that is not one of ``1/true/yes/on/0/false/no/off`` raises
+:class:`ConfigValueError` naming the variable (or option) and what is valid. An empty
+environment variable means the knob's default. Paths have ``~`` and ``$VARS`` expanded and are
+made absolute when read. A ``COIL_*`` variable that nothing reads is logged once per process
+with the closest known name (:func:`warn_unknown_variables`); variables read outside this
+module are declared in :data:`OTHER_VARIABLES`.
+
 Plugins add their own knobs, namespaced by backend name: a ``DeviceBackend`` declares an
 ``Options`` dataclass, and ``"<backend>.<field>"`` keys (env ``COIL_<BACKEND>_<FIELD>``) set
 them; :func:`backend_options` resolves them for the compile in progress (:func:`current`)."""
@@ -9,17 +17,36 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import difflib
+import logging
+import operator
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from .errors import ConfigError
+from .errors import CoilError, ConfigError
+
+log = logging.getLogger(__name__)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+_SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "coil")
+    return os.path.abspath(os.path.join(os.path.expanduser(base), "coil"))
+
+
+def _knob(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
+          minimum: int | None = None, path: bool = False, size: bool = False) -> Any:
+    """A Config field with its validation: ``minimum`` for integers, ``path`` for folders
+    (expanded, absolute), ``size`` for byte counts (``512M``, ``2G`` accepted)."""
+    meta = {"minimum": minimum, "path": path, "size": size}
+    if default_factory is not dataclasses.MISSING:
+        return dataclasses.field(default_factory=default_factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
 
 
 @dataclasses.dataclass
@@ -27,20 +54,32 @@ class Config:
     """Every knob Coil has. The field name, upper-cased and prefixed with ``COIL_``, is its
     environment variable."""
 
-    #: Where every on-disk cache lives (compiled kernels, autotune results).
-    cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
+    #: Where every on-disk cache lives (compiled kernels, autotune results). Empty: the default
+    #: (``$XDG_CACHE_HOME/coil``, else ``~/.cache/coil``).
+    cache_dir: str = _knob(default_factory=_default_cache_dir, path=True)
+    #: Most bytes the on-disk cache may hold before the least recently used entries are evicted
+    #: (an integer, or with a unit: ``512M``, ``4G``).
+    cache_max_bytes: int = _knob(2 * 2**30, minimum=1, size=True)
     #: When set, every compiled graph writes its generated source and fusion decisions here.
-    debug_dir: str = ""
-    #: Most scheduler nodes one fused kernel may hold.
-    max_fusion_size: int = 64
+    debug_dir: str = _knob("", path=True)
+    #: Most scheduler nodes one fused kernel may hold; a device's own limit
+    #: (``Scheduling.max_fusion_size``) applies too, and the smaller one wins.
+    max_fusion_size: int = _knob(64, minimum=1)
     #: A pointwise value used more than once is computed into a buffer (instead of recomputed
     #: by each user) when it reads more than this many buffers.
-    realize_reads_threshold: int = 4
+    realize_reads_threshold: int = _knob(4, minimum=0)
     #: ... or when its body has more than this many operations.
-    realize_opcount_threshold: int = 30
+    realize_opcount_threshold: int = _knob(30, minimum=0)
     #: Record each compiled graph once and replay it (CUDA graphs, on backends that can);
     #: ``torch.compile(..., mode="reduce-overhead")`` turns it on.
-    graph_capture: bool = False
+    graph_capture: bool = _knob(False)
+    #: After every ATen call whose result Coil's code reads, compare the result's strides with
+    #: the ones that code was generated for (eager's meta function's) and copy it into those on
+    #: a mismatch. One comparison per call; turning it off trades a silent wrong result for it.
+    check_extern_layouts: bool = _knob(True)
+    #: Self-check mode: run every compiled graph beside eager and raise at the first output
+    #: that differs.
+    check: bool = _knob(False)
     #: Plugin options set by ``options=`` or :func:`override`: ``"<backend>.<field>"`` -> value.
     plugin_options: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={"knob": False})
     #: ``COIL_*`` environment variables as read with the knobs (plugin options read them too).
@@ -50,31 +89,136 @@ class Config:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(Config) if f.metadata.get("knob", True)}
 
+#: ``COIL_*`` variables that are not knobs of :class:`Config` nor plugin options, and who reads
+#: them. Any other ``COIL_*`` variable is reported as unknown; declare new ones here.
+OTHER_VARIABLES: dict[str, str] = {
+    "COIL_NO_AUTOLOAD": "coil.plugins: load no entry-point plugin (Coil's own included)",
+    "COIL_BLOCK_PLUGINS": "coil.plugins: comma-separated plugin names not to load",
+    "COIL_TRITON_COMPILE_WORKERS": "coil_cuda_triton: processes building Triton kernels (0: in-process)",
+    "COIL_TEST_DEVICE": "tests: the device the differential tests run on",
+    "COIL_TEST_BACKEND": "tests: 'triton' routes the cpu device to the interpreted Triton plugin",
+    "COIL_OPINFO_BACKEND": "tests/test_opinfo.py: the torch.compile backend under test",
+    "COIL_OPINFO_FULL": "tests/test_opinfo.py: every sample of every op",
+    "COIL_OPINFO_SAMPLES": "tests/test_opinfo.py: samples per op",
+    "COIL_OPINFO_TIMEOUT": "tests/test_opinfo.py: seconds per op",
+    "COIL_UPDATE_GOLDEN": "tests/test_golden.py: rewrite the golden files",
+    "COIL_FUZZ_EXAMPLES": "tests/test_fuzz.py: programs the fuzzer runs",
+    "COIL_FUZZ_REPRO_DIR": "tests/test_fuzz.py: where the fuzzer writes repro scripts",
+}
 
-def _coerce(name: str, value: Any, kind: Any = None, known: list[str] | None = None) -> Any:
-    """``value`` (a string from the environment, or any value) as the field's type."""
-    kind = _FIELDS[name].type if kind is None else kind
+
+class ConfigValueError(ConfigError):
+    """A knob given a value it cannot take; names the variable or option and what is valid."""
+
+    def __init__(self, source: str, value: Any, expected: str) -> None:
+        CoilError.__init__(self, f"{source}={value!r} is not valid: expected {expected}. "
+                                 f"Give a valid value, or unset it for the default.")
+        self.key = source
+        self.known: list[str] = []
+        self.value = value
+        self.expected = expected
+
+
+# ----------------------------------------------------------------------------- reading values
+
+
+def _kind(kind: Any) -> Any:
     kinds = {"bool": bool, "int": int, "float": float, "str": str}
-    kind = kinds.get(kind, kind) if isinstance(kind, str) else kind
-    if kind is bool:
-        if isinstance(value, str):
-            return value.strip().lower() in ("1", "true", "yes", "on")
+    return kinds.get(kind, kind) if isinstance(kind, str) else kind
+
+
+def _as_bool(source: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    if isinstance(value, int) and value in (0, 1):
         return bool(value)
-    if kind in (int, float):
+    raise ConfigValueError(source, value, f"a flag: one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _as_int(source: str, value: Any, minimum: int | None, size: bool) -> int:
+    noun = "an integer" + ("" if minimum is None else f" >= {minimum}")
+    if size:
+        noun += " (bytes; the units K, M, G, T multiply by powers of 1024: '512M', '2G')"
+    number: int | None = None
+    if isinstance(value, str):
+        text = value.strip().replace("_", "")
+        unit = re.fullmatch(r"(\d+)\s*(?:([kmgt])i?)?b?", text, re.IGNORECASE) if size else None
+        if unit:
+            number = int(unit.group(1)) * _SIZE_UNITS[(unit.group(2) or "").lower()]
+        elif re.fullmatch(r"[+-]?\d+", text):
+            number = int(text)
+    elif not isinstance(value, (bool, float)):
+        with contextlib.suppress(TypeError):
+            number = operator.index(value)  # int and int-like (numpy) values, not floats or bools
+    if number is None or (minimum is not None and number < minimum):
+        raise ConfigValueError(source, value, noun)
+    return number
+
+
+def _as_path(source: str, value: Any) -> str | None:
+    """``value`` with ``~`` and ``$VARS`` expanded, absolute; None when empty (the default)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ConfigValueError(source, value, "a folder path")
+    text = os.fspath(value).strip()
+    if not text:
+        return None
+    expanded = os.path.expanduser(os.path.expandvars(text))
+    missing = re.search(r"\$\{?([A-Za-z_]\w*)", expanded)
+    if missing:
+        raise ConfigValueError(source, value, f"a folder path (environment variable "
+                                              f"{missing.group(1)} is not set)")
+    return os.path.abspath(expanded)
+
+
+def _default(name: str) -> Any:
+    f = _FIELDS[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def _coerce(name: str, value: Any, kind: Any = None, source: str | None = None) -> Any:
+    """``value`` (a string from the environment, or any value) as knob ``name``'s type, checked;
+    ``kind`` is given for plugin options. ``source`` names the value in errors (the
+    environment variable it came from, else the option ``name``)."""
+    meta = _FIELDS[name].metadata if kind is None else {}
+    kind = _kind(_FIELDS[name].type if kind is None else kind)
+    source = source or name
+    if kind is bool:
+        return _as_bool(source, value)
+    if kind is int:
+        return _as_int(source, value, meta.get("minimum"), meta.get("size", False))
+    if kind is float:
+        if isinstance(value, bool):
+            raise ConfigValueError(source, value, "a number")
         try:
-            return kind(value)
+            return float(value)
         except (TypeError, ValueError):
-            noun = "an integer" if kind is int else "a number"
-            raise ConfigError(name, known or list(_FIELDS), f"expected {noun}, got {value!r} for") from None
+            raise ConfigValueError(source, value, "a number") from None
+    if meta.get("path"):
+        path = _as_path(source, value)
+        return _default(name) if path is None else path
     return str(value) if kind is str else value
 
 
-def _from_env() -> Config:
+def knob_variable(name: str) -> str:
+    """The environment variable of knob ``name``: ``COIL_<NAME>``."""
+    return f"COIL_{name.upper()}"
+
+
+def defaults() -> dict[str, Any]:
+    """Every knob's default value, by name."""
+    return {name: _default(name) for name in _FIELDS}
+
+
+def from_env() -> Config:
+    """The configuration the environment alone gives (no overrides, not cached);
+    :class:`ConfigValueError` when a variable holds a value its knob cannot take."""
     cfg = Config(environ={k: v for k, v in os.environ.items() if k.startswith("COIL_")})
     for name in _FIELDS:
-        env = cfg.environ.get(f"COIL_{name.upper()}")
-        if env is not None:
-            setattr(cfg, name, _coerce(name, env))
+        env = cfg.environ.get(knob_variable(name))
+        if env is not None and env.strip():  # empty: the default
+            setattr(cfg, name, _coerce(name, env, source=knob_variable(name)))
     return cfg
 
 
@@ -82,10 +226,11 @@ _current: Config | None = None
 
 
 def get() -> Config:
-    """The configuration in force (environment variables read once, then overrides applied)."""
+    """The configuration in force (environment variables read once, then overrides applied);
+    :class:`ConfigValueError` when a ``COIL_*`` variable holds a value its knob cannot take."""
     global _current
     if _current is None:
-        _current = _from_env()
+        _current = from_env()
     return _current
 
 
@@ -97,7 +242,8 @@ def reload_from_env() -> None:
 
 def validated(options: dict[str, Any] | None) -> dict[str, Any]:
     """Check ``options`` against the known knobs, and ``"<backend>.<field>"`` keys against the
-    ``Options`` of the registered backends; unknown keys raise :class:`ConfigError`."""
+    ``Options`` of the registered backends; unknown keys raise :class:`ConfigError`, values a
+    knob cannot take :class:`ConfigValueError`."""
     out: dict[str, Any] = {}
     for key, value in (options or {}).items():
         if "." in key:
@@ -191,7 +337,7 @@ def _plugin_fields() -> dict[str, dataclasses.Field]:
 def _plugin_option(key: str, value: Any) -> Any:
     known = _plugin_fields()
     if key in known:
-        return _coerce(key, value, known[key].type, list(known))
+        return _coerce(key, value, known[key].type)
     prefix = key.split(".")[0] + "."
     same_plugin = [k for k in known if k.startswith(prefix)]
     if same_plugin:
@@ -214,8 +360,8 @@ def backend_options(backend: Any, cfg: Config | None = None) -> Any:
         env = cfg.environ.get(env_var(ns, f.name))
         if key in cfg.plugin_options:
             values[f.name] = cfg.plugin_options[key]
-        elif env is not None:
-            values[f.name] = _coerce(env_var(ns, f.name), env, f.type, [key])
+        elif env is not None and env.strip():  # empty: the default
+            values[f.name] = _coerce(key, env, f.type, source=env_var(ns, f.name))
     return backend.Options(**values)
 
 
@@ -225,3 +371,57 @@ def options_key(options: Any) -> str:
         return ""
     return ";".join(f"{f.name}={getattr(options, f.name)!r}"
                     for f in sorted(dataclasses.fields(options), key=lambda f: f.name))
+
+
+# ----------------------------------------------------------------------------- unknown variables
+
+
+def known_variables() -> dict[str, str]:
+    """Every ``COIL_*`` variable something reads -> what it is: the knobs, the options of the
+    registered backends, and :data:`OTHER_VARIABLES`."""
+    from . import plugins
+    out = {knob_variable(name): f"knob {name}" for name in _FIELDS}
+    for backend in plugins.registry().backends.values():
+        with contextlib.suppress(ConfigError):  # a malformed Options is reported when used
+            for f in _option_fields(backend):
+                out[env_var(namespace(backend), f.name)] = f"option {namespace(backend)}.{f.name}"
+    out.update(OTHER_VARIABLES)
+    return out
+
+
+def unknown_variables(environ: dict[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``COIL_*`` variables of ``environ`` (default: the process's) that nothing reads, each
+    with the closest known name (None when nothing is close)."""
+    environ = os.environ if environ is None else environ
+    known = known_variables()
+    out = []
+    for name in sorted(k for k in environ if k.startswith("COIL_") and k not in known):
+        close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+        out.append((name, close[0] if close else None))
+    return out
+
+
+_warned: set[str] = set()
+
+
+def describe_unknown(name: str, closest: str | None) -> str:
+    """One sentence about an unknown ``COIL_*`` variable."""
+    hint = (f"did you mean {closest}?" if closest else
+            "Coil's variables are listed by `coil doctor` and in the README")
+    return f"{name} is set but neither Coil nor a loaded plugin reads it (ignored); {hint}"
+
+
+def warn_unknown_variables() -> None:
+    """Log each unknown ``COIL_*`` variable once per process (the plugin registry calls this
+    once its plugins are loaded, so their options count as known)."""
+    for name, closest in unknown_variables():
+        if name not in _warned:
+            _warned.add(name)
+            log.warning("%s", describe_unknown(name, closest))
+
+
+def env_flag(name: str) -> bool:
+    """A flag variable of :data:`OTHER_VARIABLES` (``COIL_NO_AUTOLOAD``, say), read as strictly
+    as the knobs: unset or empty is False, a value that is not a flag raises."""
+    value = os.environ.get(name, "")
+    return bool(value.strip()) and _as_bool(name, value)

@@ -1,9 +1,14 @@
 """Plugin discovery and the device registry: which backend serves each device type.
 
 Plugins come from the ``coil.plugins`` entry-point group (loaded one by one, so a broken
-plugin is reported by name and the rest still load) and from
-:func:`register_backend_for_device` at run time. ``COIL_NO_AUTOLOAD=1`` turns entry-point
-loading off; ``COIL_BLOCK_PLUGINS=a,b`` skips plugins by name."""
+plugin is reported by name and the rest still load; that includes a plugin that calls
+``sys.exit`` while importing) and from :func:`register_backend_for_device` at run time.
+``COIL_NO_AUTOLOAD=1`` turns entry-point loading off, Coil's own plugins included (a device
+left without a backend says so); ``COIL_BLOCK_PLUGINS=a,b`` skips plugins by name.
+
+Entry points load in name order; when two serve the same device type the later one wins. That
+replacement is recorded (``Registry.replaced``), shown by ``coil doctor`` and logged once, at
+the device's first use. A run-time registration replaces silently: the caller asked for it."""
 from __future__ import annotations
 
 import importlib.metadata
@@ -15,6 +20,7 @@ from typing import Any
 
 import pluggy
 
+from . import config
 from .errors import NoBackendError, PluginError
 
 log = logging.getLogger(__name__)
@@ -40,12 +46,48 @@ class Registry:
     errors: list[PluginError] = field(default_factory=list)
     lowerings: list[tuple[Any, Any, str | None]] = field(default_factory=list)
     graph_passes: list[Any] = field(default_factory=list)
+    #: Whether entry-point plugins were loaded (False under ``COIL_NO_AUTOLOAD=1``).
+    autoload: bool = True
+    #: Plugin names skipped by ``COIL_BLOCK_PLUGINS``.
+    blocked: list[str] = field(default_factory=list)
+    #: Device type -> name of the plugin whose backend serves it.
+    providers: dict[str, str] = field(default_factory=dict)
+    #: Device type -> entry-point plugins whose backend for it a later plugin replaced.
+    replaced: dict[str, list[str]] = field(default_factory=dict)
+    _warned: set[str] = field(default_factory=set, repr=False)
 
     def backend_for(self, device_type: str) -> Any:
         backend = self.backends.get(device_type)
         if backend is None:
-            raise NoBackendError(device_type, list(self.backends))
+            raise self._no_backend(device_type)
+        if device_type in self.replaced and device_type not in self._warned:
+            self._warned.add(device_type)
+            log.warning("%s", self.replacement_note(device_type))
         return backend
+
+    def replacement_note(self, device_type: str) -> str:
+        """What replaced what for ``device_type``, and how to get the replaced backend back."""
+        winner, losers = self.providers[device_type], self.replaced[device_type]
+        return (f"device {device_type!r} is served by plugin {winner!r}, which replaces the "
+                f"backend of {', '.join(map(repr, losers))} (entry points load in name order "
+                f"and the later one wins); set COIL_BLOCK_PLUGINS={winner} to use "
+                f"{losers[-1]!r} instead")
+
+    def _no_backend(self, device_type: str) -> NoBackendError:
+        err = NoBackendError(device_type, list(self.backends))
+        hints = []
+        if not self.autoload:
+            hints.append("COIL_NO_AUTOLOAD is set, so no entry-point plugin was loaded, Coil's "
+                         "own included: unset it, or skip single plugins with "
+                         "COIL_BLOCK_PLUGINS=name.")
+        if self.blocked:
+            hints.append(f"COIL_BLOCK_PLUGINS skipped: {', '.join(self.blocked)}.")
+        if self.errors:
+            hints.append("Plugins that failed to load (`coil doctor` shows why): "
+                         f"{', '.join(e.plugin for e in self.errors)}.")
+        if hints:  # the message is the exception's only argument
+            err.args = (" ".join([str(err), *hints]),)
+        return err
 
 
 _lock = threading.Lock()
@@ -75,8 +117,10 @@ def _add_plugin(reg: Registry, module: Any, info: PluginInfo) -> None:
     pm = reg.manager
     try:
         pm.register(module, name=info.name)
-    except Exception as exc:  # pluggy validation errors
-        raise PluginError(info.name, f"invalid hook implementation: {exc}") from exc
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # pluggy validation errors
+        raise PluginError(info.name, f"invalid hook implementation: {_describe(exc)}") from exc
     try:
         info.api_version = _call(pm, "coil_api_version", info.name) or ""
         _check_api(info.name, info.api_version)
@@ -89,14 +133,35 @@ def _add_plugin(reg: Registry, module: Any, info: PluginInfo) -> None:
     except PluginError:
         pm.unregister(name=info.name)
         raise
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # SystemExit too: a plugin must not end the user's process
         pm.unregister(name=info.name)
-        raise PluginError(info.name, f"{type(exc).__name__}: {exc}") from exc
+        raise PluginError(info.name, _describe(exc)) from exc
     for b in backends:
-        reg.backends[b.device_type] = b
+        _serve(reg, b, info)
     reg.lowerings.extend(lowerings)
     reg.graph_passes.extend(passes)
     reg.plugins.append(info)
+
+
+def _serve(reg: Registry, backend: Any, info: PluginInfo) -> None:
+    """Make ``backend`` serve its device, noting an entry-point plugin it replaces."""
+    device_type = backend.device_type
+    previous = reg.providers.get(device_type)
+    if info.source != "entry point":
+        reg.replaced.pop(device_type, None)  # asked for explicitly: nothing silent to report
+    elif previous is not None and previous != info.name:
+        reg.replaced.setdefault(device_type, []).append(previous)
+    reg.backends[device_type] = backend
+    reg.providers[device_type] = info.name
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return (f"called sys.exit({exc.code!r}); Coil skipped the plugin instead of ending "
+                f"the process")
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _call(pm: pluggy.PluginManager, hook: str, plugin_name: str) -> Any:
@@ -108,18 +173,23 @@ def _call(pm: pluggy.PluginManager, hook: str, plugin_name: str) -> Any:
 
 
 def _load_entry_points(reg: Registry) -> None:
-    if os.environ.get("COIL_NO_AUTOLOAD", "") in ("1", "true", "yes"):
+    if config.env_flag("COIL_NO_AUTOLOAD"):
+        reg.autoload = False
+        log.info("COIL_NO_AUTOLOAD is set: no entry-point plugin is loaded")
         return
     blocked = {b.strip() for b in os.environ.get("COIL_BLOCK_PLUGINS", "").split(",") if b.strip()}
     for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         if ep.name in blocked:
+            reg.blocked.append(ep.name)
             continue
         dist = getattr(ep, "dist", None)
         info = PluginInfo(ep.name, "entry point", getattr(dist, "version", "") if dist else "")
         try:
             module = ep.load()
-        except Exception as exc:
-            err = PluginError(ep.name, f"import failed: {type(exc).__name__}: {exc}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # SystemExit too: a plugin must not end the user's process
+            err = PluginError(ep.name, f"import failed: {_describe(exc)}")
             reg.errors.append(err)
             log.warning("%s", err)
             continue
@@ -134,11 +204,14 @@ def registry() -> Registry:
     """The process-wide registry, loading entry-point plugins on first use."""
     global _registry
     with _lock:
-        if _registry is None:
-            reg = Registry(_new_manager())
-            _load_entry_points(reg)
-            _registry = reg
-        return _registry
+        if _registry is not None:
+            return _registry
+        reg = Registry(_new_manager())
+        _load_entry_points(reg)
+        _registry = reg
+    # after the lock: the check reads the loaded backends' options through registry()
+    config.warn_unknown_variables()
+    return reg
 
 
 def reset() -> None:

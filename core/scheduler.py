@@ -10,7 +10,7 @@ from typing import Protocol, Sequence
 
 import sympy
 
-from . import ir
+from . import config, ir
 from .graph import LoweredGraph
 from .kernel import Kernel, KernelNode, Loop
 from .symbolic import simplify_index
@@ -97,9 +97,13 @@ def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
 
 
 class Scheduler:
-    def __init__(self, graph: LoweredGraph, policies: dict[str, FusionPolicy]) -> None:
+    def __init__(self, graph: LoweredGraph, policies: dict[str, FusionPolicy],
+                 max_fusion_size: int | None = None) -> None:
         self.graph = graph
         self.policies = policies
+        #: The ``max_fusion_size`` knob; each device's own limit applies too (the smaller wins).
+        self.max_fusion_size = (config.current().max_fusion_size if max_fusion_size is None
+                                else max_fusion_size)
         self.nodes = eliminate_dead(graph)
         #: Buffers each node reads (walking a body is not free: computed once).
         self.reads = [node.reads() for node in self.nodes]
@@ -188,9 +192,9 @@ class Scheduler:
         if any(n.device != device for n in nodes):
             return self._decide(names, False, "different devices")
         policy = self.policies.get(device.type)
-        limit = policy.max_fusion_size if policy else 1
+        limit, source = self._fusion_limit(policy)
         if len(members) > limit:
-            return self._decide(names, False, f"fusion-size limit {limit}")
+            return self._decide(names, False, f"fusion-size limit {limit} ({source})")
         if self._creates_cycle(ga, gb):
             return self._decide(names, False, "would create a cycle")
         reason = self._dependency_conflict(members, space)
@@ -204,6 +208,14 @@ class Scheduler:
         for i in B.members:
             self.group_of[i] = ga
         return self._decide(names, True, "fused")
+
+    def _fusion_limit(self, policy: FusionPolicy | None) -> tuple[int, str]:
+        """Most nodes one kernel may hold on a device, and which setting imposes it."""
+        if policy is None:
+            return 1, "no Scheduling for the device"
+        if policy.max_fusion_size < self.max_fusion_size:
+            return policy.max_fusion_size, "the device's Scheduling.max_fusion_size"
+        return self.max_fusion_size, "the max_fusion_size knob"
 
     def _decide(self, names: tuple[str, str], fused: bool, reason: str) -> bool:
         self.decisions.append(FusionDecision(names[0], names[1], fused, reason))
@@ -421,8 +433,11 @@ def _resolve_storage(kn: KernelNode, storage: object) -> KernelNode:
     return KernelNode(kn.node, kn.level, body, kn.store_index, kn.stores)
 
 
-def schedule(graph: LoweredGraph, policies: dict[str, FusionPolicy]) -> Schedule:
-    return Scheduler(graph, policies).run()
+def schedule(graph: LoweredGraph, policies: dict[str, FusionPolicy],
+             max_fusion_size: int | None = None) -> Schedule:
+    """Schedule ``graph``; ``max_fusion_size`` defaults to the knob of the compile in progress
+    (:func:`coil.config.current`), and each device's ``Scheduling`` may lower it."""
+    return Scheduler(graph, policies, max_fusion_size).run()
 
 
 __all__ = ["schedule", "Schedule", "FusionDecision", "FusionPolicy"]

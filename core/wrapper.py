@@ -49,8 +49,10 @@ class Wrapper:
 
 class WrapperWriter:
     def __init__(self, graph: LoweredGraph, steps: Sequence[object], plan: MemoryPlan,
-                 launchers: dict[str, tuple[Any, str]]) -> None:
-        """``launchers``: kernel name -> (device backend, namespace var of its compiled module)."""
+                 launchers: dict[str, tuple[Any, str]], *, check_layouts: bool = True) -> None:
+        """``launchers``: kernel name -> (device backend, namespace var of its compiled module);
+        ``check_layouts``: check the strides of ATen results (``Config.check_extern_layouts``)."""
+        self.check_layouts = check_layouts
         self.graph = graph
         self.steps = steps
         self.plan = plan
@@ -176,7 +178,7 @@ class WrapperWriter:
                 if isinstance(n, sympy.Symbol) and n.name not in self.bound:
                     self.w.line(f"{n.name} = {name}.size({dim})")
                     self.bound.add(n.name)
-            if layout is not None and name not in dead:
+            if self.check_layouts and layout is not None and name not in dead:
                 self._check_layout(name, layout)
 
     def _check_layout(self, name: str, layout: ir.Layout) -> None:

@@ -13,3 +13,12 @@ if ! .venv/bin/python -c "import torch, triton, sys; sys.exit(0 if torch.__versi
   .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+# The model suite's public definitions (tests/models). torch stays pinned in the same command,
+# else pip takes a newer (CUDA) torch for them; torchvision's wheel pins one torch release
+# and comes without its dependencies (its C++ ops are not needed: see tests/models/zoo.py).
+if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('timm', 'transformers', 'torchvision')))"; then
+  echo "coil: installing the model suite's definitions (timm, transformers, torchvision)" >&2
+  .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0" \
+    "timm==1.0.31" "transformers==5.24.0"
+  .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "torchvision==0.28.0"
+fi

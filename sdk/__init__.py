@@ -27,6 +27,7 @@ _LAZY = {
     "Capabilities": "coil.sdk.backend", "Check": "coil.sdk.backend", "DeviceBackend": "coil.sdk.backend",
     "Scheduling": "coil.sdk.backend", "CodeWriter": "coil.sdk.codewriter",
     "hookimpl": "coil.sdk.hookspecs", "ReferenceBackend": "coil.sdk.reference",
+    "DiskCache": "coil.sdk.diskcache",
 }
 
 
@@ -59,5 +60,5 @@ __all__ = [
     "Const", "Op", "Cast", "Masked", "IndexValue", "Indirect", "PointwiseNode", "ReductionNode",
     "ScanNode", "ScatterNode", "ExternNode", "REDUCTION_TYPES", "POINTWISE_OPS", "ExprPrinter",
     "FloorDiv", "ModIdx", "walk", "loads", "KernelCompileError", "ToolchainError", "PluginError",
-    "compatibility", "ReferenceBackend", "Expr",
+    "compatibility", "ReferenceBackend", "Expr", "DiskCache",
 ]

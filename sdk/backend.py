@@ -4,7 +4,7 @@ launch)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
@@ -53,11 +53,25 @@ class Capabilities:
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One line of ``coil doctor``: what was checked, whether it is fine, and the detail (a
-    version, or what to install)."""
+    version, or what to install). A check that cannot run on this machine (no device
+    present, say) is neither fine nor failed: build it with :meth:`skip`, giving the reason."""
 
     name: str
     ok: bool
     detail: str = ""
+    #: The check could not run here; ``detail`` says why. Not a failure (``ok`` stays True),
+    #: and ``coil doctor`` shows it as "skipped", never as "ok".
+    skipped: bool = False
+
+    @classmethod
+    def skip(cls, name: str, reason: str) -> Check:
+        """A check that could not run here, and why (``Check.skip("CUDA device", "none visible")``)."""
+        return cls(name, True, reason, skipped=True)
+
+    @property
+    def status(self) -> Literal["ok", "FAIL", "skipped"]:
+        """``"ok"``, ``"FAIL"`` or ``"skipped"``, as ``coil doctor`` prints it."""
+        return "skipped" if self.skipped else "ok" if self.ok else "FAIL"
 
 
 class Scheduling:

@@ -5,13 +5,18 @@ The package holds a ``pyproject.toml`` with the ``coil.plugins`` entry point, th
 executor, :mod:`coil.sdk.reference`, and marks with ``VENDOR`` what real codegen replaces),
 and tests: the plugin loads, compiles like eager, and passes the conformance kit's first tiers
 (``pytest --pyargs coil.sdk.testing --coil-device=DEV --coil-tiers=runtime,pointwise``).
-The files come from the templates in ``scaffold_templates/`` (``${slot}`` placeholders)."""
+The files come from the templates in ``scaffold_templates/`` (``${slot}`` placeholders).
+
+A device type torch does not know (``--device npu`` with no ``torch_npu``) needs PrivateUse1
+registration before any tensor exists on it: the command says so, the generated README gains
+a section on how, and the generated tests that need the device skip with that reason."""
 from __future__ import annotations
 
 import argparse
 import re
 import string
 import sys
+import textwrap
 from pathlib import Path
 
 from .versions import API_VERSION
@@ -28,6 +33,9 @@ FILES = {
     "${package}/backend.py": "backend.py.tmpl",
     "tests/test_${name}.py": "test_plugin.py.tmpl",
 }
+
+#: The README section added when torch does not know the device type (the ``device_note`` slot).
+UNKNOWN_DEVICE_NOTE = "README_unknown_device.md.tmpl"
 
 #: Conformance tiers the generated tests run.
 TIERS = "runtime,pointwise"
@@ -49,9 +57,26 @@ def slots(name: str, device: str) -> dict[str, str]:
         raise ScaffoldError(f"device {device!r}: give a torch device type such as 'cpu', "
                             f"'cuda' or your PrivateUse1 name (no index)")
     camel = "".join(part.capitalize() for part in name.split("_") if part)
-    return {"name": name, "device": device, "package": f"coil_{name}",
-            "dist": f"coil-{name.replace('_', '-')}", "cls": f"{camel}Backend",
-            "env_name": name.upper(), "api_version": API_VERSION, "tiers": TIERS}
+    values = {"name": name, "device": device, "package": f"coil_{name}",
+              "dist": f"coil-{name.replace('_', '-')}", "cls": f"{camel}Backend",
+              "env_name": name.upper(), "api_version": API_VERSION, "tiers": TIERS}
+    values["device_note"] = "" if torch_knows(device) else _render(UNKNOWN_DEVICE_NOTE, values)
+    return values
+
+
+def torch_knows(device: str) -> bool:
+    """Whether this torch knows device type ``device`` (built in, or registered as PrivateUse1
+    by an extension already imported)."""
+    import torch
+    try:
+        torch.device(device)
+    except (RuntimeError, ValueError):
+        return False
+    return True
+
+
+def _render(template: str, values: dict[str, str]) -> str:
+    return string.Template((TEMPLATES / template).read_text()).substitute(values)
 
 
 def generate(name: str, device: str, output: str | Path | None = None) -> list[Path]:
@@ -65,7 +90,7 @@ def generate(name: str, device: str, output: str | Path | None = None) -> list[P
     written = []
     for target, template in FILES.items():
         path = root / string.Template(target).substitute(values)
-        text = string.Template((TEMPLATES / template).read_text()).substitute(values)
+        text = _render(template, values)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         written.append(path)
@@ -93,7 +118,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {f.relative_to(root)}")
     print(f"\nnext:\n  pip install -e {root}\n  coil doctor\n  pytest {root / 'tests'}\n"
           f"then replace the VENDOR parts of {values['package']}/backend.py with real codegen.")
+    if values["device_note"]:
+        print("\n" + textwrap.fill(
+              f"note: torch does not know device type {args.device!r}. It needs PrivateUse1 "
+              f"registration (a PyTorch extension with an allocator, "
+              f"torch.utils.rename_privateuse1_backend({args.device!r}), a device module) "
+              f"imported before use; until then the generated tests that need {args.device!r} "
+              f"tensors skip and `coil doctor` shows the device check as skipped. How: "
+              f"{root / 'README.md'}, section 'A device torch does not know'; a working "
+              f"example: Coil's examples/emu_chip.", width=92, subsequent_indent="  "))
     return 0
 
 
-__all__ = ["HELP", "add_arguments", "run", "generate", "slots", "ScaffoldError", "FILES", "TIERS"]
+__all__ = ["HELP", "add_arguments", "run", "generate", "slots", "torch_knows", "ScaffoldError", "FILES",
+           "TIERS", "UNKNOWN_DEVICE_NOTE"]

@@ -52,6 +52,13 @@ HISTORY: tuple[Release, ...] = (
         Change("coil.sdk.reference: a reference kernel executor in torch ops (ReferenceBackend)"),
         Change("coil.sdk.testing: the conformance kit; `coil new-plugin`: plugin scaffolding"),
     )),
+    Release("0.3.0", (
+        Change("Check.skip(name, reason), Check.skipped and Check.status: a doctor check that "
+               "cannot run on this machine is reported as skipped, neither ok nor failed"),
+        Change("coil.sdk.DiskCache: a checked, size-capped on-disk cache (atomic writes, "
+               "checksums validated before use, bad entries quarantined, LRU eviction) that "
+               "`coil cache stats|clear` manages"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -110,3 +110,15 @@ def test_extern_result_in_an_unpredicted_layout():
 def test_fallback_between_kernels_in_both_layouts(fmt):
     x = torch.randn(2, 4, 6, 6).to(memory_format=fmt)
     check(lambda x: torch.sort(x.sigmoid(), dim=1)[0].sum(1) * 3, x)
+
+
+def test_layout_check_knob_is_what_guards_an_unpredicted_layout():
+    """Off, the column-major result reaches the next kernel unchecked (a wrong result); on by
+    default, it is copied first."""
+    x = torch.randn(5, 7)
+    fn = lambda x: torch.ops.coil_test.column_major_double(x.exp()) + 1  # noqa: E731
+    expected = fn(x)
+    with coil.config.override(check_extern_layouts=False):
+        report = coil.explain(fn, x)
+    assert "restride(" not in report.graphs[0].wrapper_source
+    assert not torch.allclose(report.result, expected)

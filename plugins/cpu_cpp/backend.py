@@ -82,7 +82,21 @@ class CppBackend(sdk.DeviceBackend):
             checks.append(sdk.Check("cffi", True, cffi.__version__))
         except ImportError:
             checks.append(sdk.Check("cffi", False, "pip install cffi"))
+        else:
+            checks.append(self._build_check())
         vector_math = bool(toolchain.vector_math_prelude())
         checks.append(sdk.Check("vector math (glibc libmvec)", vector_math,
                                 "declared" if vector_math else "not available: math runs scalar"))
         return checks
+
+    @staticmethod
+    def _build_check() -> sdk.Check:
+        """A found compiler is not a working one (``CXX=/bin/false``): build and load a test
+        library with the kernels' flags."""
+        name = "C++ build (compile, link, load)"
+        try:
+            return sdk.Check(name, True, toolchain.self_test())
+        except toolchain.CppCompileError as exc:
+            return sdk.Check(name, False, f"{exc.summary}. Fix the compiler or point CXX at a working one.")
+        except (sdk.ToolchainError, OSError) as exc:
+            return sdk.Check(name, False, str(exc))

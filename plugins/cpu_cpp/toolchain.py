@@ -1,7 +1,8 @@
-"""The system C++ compiler: detection, flags, and an on-disk cache of compiled libraries keyed
-by a hash of source, flags, compiler version and CPU. Libraries are written atomically
-(compiled to a temporary name, then renamed), so concurrent processes never load a
-half-written file, and a second process calls no compiler."""
+"""The system C++ compiler: detection, flags, errors that show the compiler's own message,
+and compiled libraries kept in Coil's disk cache (:mod:`coil.sdk.diskcache`) under a hash
+of source, flags, compiler version and CPU. The cache checks a library before it is loaded
+(a damaged one is rebuilt, never loaded), writes it atomically, and caps its size; a
+second process with the same cache calls no compiler."""
 from __future__ import annotations
 
 import functools
@@ -9,13 +10,16 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import coil.sdk as sdk
+from coil.sdk.diskcache import DiskCache
 
 log = logging.getLogger(__name__)
 
@@ -86,36 +90,112 @@ def vector_math_prelude() -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
+#: Enters every cache key: raise it when what a cached library means or holds changes.
+CACHE_FORMAT = "diskcache-1"
+
+#: What ``coil doctor`` builds and loads: Coil's header, OpenMP and the flags kernels get.
+_PROBE = """#include "coil_cpu.h"
+extern "C" int coil_probe(int n) {
+  int count = 0;
+#pragma omp parallel for reduction(+ : count)
+  for (int i = 0; i < n; ++i) count += 1;
+  return count;
+}
+"""
+
+
+class CppCompileError(sdk.KernelCompileError):
+    """The C++ compiler failed on a library: carries the command, its exit status, what the
+    compiler printed and the source path."""
+
+    def __init__(self, command: Sequence[str], returncode: int, output: str, source_path: str) -> None:
+        output = output.strip()[-8000:] or _silence(returncode)
+        super().__init__(source_path, output)
+        self.command = list(command)
+        self.returncode = returncode
+        self.args = (f"the C++ compiler failed ({_status(returncode)}) on {source_path}\n"
+                     f"command: {shlex.join(self.command)}\n{output}\n"
+                     f"If the compiler itself is broken, fix it or point CXX at a working one "
+                     f"(`coil doctor` builds a test program); otherwise report this with the "
+                     f"source file.",)
+
+    @property
+    def summary(self) -> str:
+        """One line: which compiler failed, how, and the last line it printed."""
+        last = self.output.strip().splitlines()[-1][:300]
+        return f"{self.command[0]} failed ({_status(self.returncode)}): {last}"
+
+
+def _status(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _silence(returncode: int) -> str:
+    if returncode < 0:
+        return f"the compiler was {_status(returncode)} and printed nothing"
+    return f"the compiler exited with status {returncode} and printed nothing"
+
+
+def run_compiler(command: Sequence[str], source_path: Path, output: Path) -> None:
+    """Run ``command``, which builds ``output`` from ``source_path``; :class:`CppCompileError`
+    unless it exits 0 having written a non-empty ``output``."""
+    log.debug("compiling %s", shlex.join(command))
+    try:
+        proc = subprocess.run(list(command), capture_output=True, text=True, check=False,
+                              stdin=subprocess.DEVNULL)
+    except OSError as exc:  # not executable, a folder, a bad interpreter line...
+        raise sdk.ToolchainError(command[0], f"cannot run the C++ compiler: {exc}",
+                                 "Point CXX at a working C++ compiler (e.g. g++).") from None
+    printed = (proc.stderr + proc.stdout).strip()
+    if proc.returncode != 0:
+        raise CppCompileError(command, proc.returncode, printed, str(source_path))
+    if not (output.is_file() and output.stat().st_size > 0):
+        printed = f"{printed}\n{command[0]} exited with status 0 but wrote no library".strip()
+        raise CppCompileError(command, proc.returncode, printed, str(source_path))
+
+
+def _command(cxx: str, flags: Sequence[str], source: Path, output: Path) -> list[str]:
+    return [cxx, *flags, f"-I{HEADER.parent}", str(source), "-o", str(output), "-lm"]
+
+
 def library_for(source: str, extra_flags: Sequence[str] = (), key_extra: str = "") -> Path:
-    """Path of the compiled library for ``source``, compiling it if the cache lacks it.
-    ``extra_flags`` follow Coil's flags; ``key_extra`` (the backend's options and
-    capabilities) enters the cache key."""
+    """Path of the compiled library for ``source``, compiling it if the cache lacks it (or
+    holds a damaged copy). ``extra_flags`` follow Coil's flags; ``key_extra`` (the backend's
+    options and capabilities) enters the cache key."""
     cxx = compiler()
     header = HEADER.read_text()
     flags = [*FLAGS, *extra_flags]
     key = hashlib.sha256("\0".join([source, header, " ".join(flags), compiler_version(cxx),
-                                    cpu_id(), key_extra]).encode()).hexdigest()
-    folder = Path(sdk.cache_dir("cpu_cpp")) / key[:2]
-    folder.mkdir(parents=True, exist_ok=True)
-    lib = folder / f"{key}.so"
-    if lib.exists():
+                                    cpu_id(), key_extra, CACHE_FORMAT]).encode()).hexdigest()
+    cache = DiskCache.in_namespace("cpu_cpp", fanout=True)
+    lib = cache.lookup(key, ".so")
+    if lib is not None:
         return lib
-    src = folder / f"{key}.cpp"
-    _write_atomic(src, source)
-    fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
-    os.close(fd)
-    cmd = [cxx, *flags, f"-I{HEADER.parent}", str(src), "-o", tmp, "-lm"]
-    log.debug("compiling %s", " ".join(cmd))
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise sdk.KernelCompileError(str(src), (proc.stderr or proc.stdout)[-8000:])
-    os.replace(tmp, lib)
-    return lib
+    src = cache.write_plain(key, ".cpp", source)
+    with cache.producing(key, ".so") as tmp:
+        run_compiler(_command(cxx, flags, src, tmp), src, tmp)
+    return cache.path(key, ".so")
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def self_test() -> str:
+    """Build and load a small library the way kernels are built (Coil's header, OpenMP, the
+    same flags); what ``coil doctor`` reports. Raises what a kernel build would raise."""
+    import cffi
+
+    cxx = compiler()
+    with tempfile.TemporaryDirectory(prefix="coil-doctor-") as folder:
+        src, lib = Path(folder, "probe.cpp"), Path(folder, "probe.so")
+        src.write_text(_PROBE)
+        run_compiler(_command(cxx, FLAGS, src, lib), src, lib)
+        ffi = cffi.FFI()
+        ffi.cdef("int coil_probe(int n);")
+        got = ffi.dlopen(str(lib)).coil_probe(1000)
+    if got != 1000:
+        raise sdk.ToolchainError(cxx, f"a test library built with OpenMP counted {got} of 1000 "
+                                      f"iterations", "Check the compiler's OpenMP support (-fopenmp).")
+    return "compiled, linked and ran an OpenMP test library"

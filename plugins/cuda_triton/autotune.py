@@ -1,55 +1,58 @@
 """The autotuner's memory and its clock.
 
 Winners are kept on disk, one small JSON file per (kernel source, GPU, versions, size
-bucket) key under Coil's cache directory, so a second process compiles only the winner and
-tunes nothing. Timing is injected (``bench``), so the selection logic is tested without a
-GPU; on the GPU it is CUDA-event timing of a few launches."""
+bucket) key in Coil's disk cache (checked on read, size-capped), so a second process
+compiles only the winner and tunes nothing. Timing is injected (``bench``), so the
+selection logic is tested without a GPU; on the GPU it is CUDA-event timing of a few
+launches."""
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import time
 from typing import Callable, Sequence
 
 import coil.sdk as sdk
+from coil.sdk.diskcache import DiskCache
 
 from .configs import Config
 
 log = logging.getLogger(__name__)
 
+#: Enters every key: raise it when the format of a stored winner changes.
+CACHE_FORMAT = "diskcache-1"
+
 
 def cache_key(source: str, device_name: str, versions: str, bucket: tuple[int, ...] | None,
               options: str = "") -> str:
-    text = "\n".join([source, device_name, versions, repr(bucket), options])
+    text = "\n".join([source, device_name, versions, repr(bucket), options, CACHE_FORMAT])
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 class TuneCache:
-    """Winning configurations on disk (atomic writes; readers never see half a file)."""
+    """Winning configurations in Coil's disk cache (:mod:`coil.sdk.diskcache`): written
+    atomically, checked when read (a damaged file is set aside with a warning and the kernel
+    tuned again), and evicted with the rest of the cache."""
 
     def __init__(self, folder: str | None = None) -> None:
-        self.folder = folder or sdk.cache_dir("triton-autotune")
-
-    def _path(self, key: str) -> str:
-        return os.path.join(self.folder, f"{key}.json")
+        self.store = DiskCache(folder) if folder else DiskCache.in_namespace("triton-autotune")
+        self.folder = str(self.store.folder)
 
     def get(self, key: str) -> Config | None:
+        data = self.store.read(key, ".json")
+        if data is None:
+            return None
         try:
-            with open(self._path(key)) as f:
-                data = json.load(f)
-            return Config(**data["config"])
-        except (OSError, ValueError, KeyError, TypeError):
+            return Config(**json.loads(data)["config"])
+        except (ValueError, KeyError, TypeError) as exc:  # intact, but from another Config
+            log.warning("coil: tuning result %s does not fit this Coil (%s); tuning again",
+                        self.store.path(key, ".json"), exc)
             return None
 
     def put(self, key: str, config: Config, timings: dict[str, float], kernel: str) -> None:
         data = {"kernel": kernel, "config": config.__dict__, "timings_ms": timings}
-        fd, tmp = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, self._path(key))
+        self.store.write(key, ".json", json.dumps(data, indent=1).encode())
 
 
 def select(configs: Sequence[Config], run: Callable[[Config], Callable[[], None]],

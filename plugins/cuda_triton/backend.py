@@ -206,11 +206,13 @@ class TritonBackend(sdk.DeviceBackend):
         version = _triton_version()
         checks.append(sdk.Check("triton", bool(version), version or "pip install triton==3.6.0"))
         if not self.interpret:
-            # no GPU is a fact about the machine, not a broken plugin: the check passes and
-            # says that cuda tensors cannot be made here
-            detail = (torch.cuda.get_device_name() if torch.cuda.is_available()
-                      else "none visible to torch (cuda tensors cannot be used on this machine)")
-            checks.append(sdk.Check("CUDA device", True, detail))
+            # no GPU is a fact about the machine, not a broken plugin: the check is skipped
+            # and says that cuda tensors cannot be made here
+            if torch.cuda.is_available():
+                checks.append(sdk.Check("CUDA device", True, torch.cuda.get_device_name()))
+            else:
+                checks.append(sdk.Check.skip(
+                    "CUDA device", "none visible to torch (cuda tensors cannot be used on this machine)"))
         return checks
 
 
