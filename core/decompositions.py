@@ -37,6 +37,35 @@ KEEP = [aten.var_mean.correction, aten.var.correction, aten.std.correction, aten
 PAIRED_WITH_BACKWARD = [aten._scaled_dot_product_flash_attention_for_cpu.default]
 
 
+def _addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: Any = 1,
+           alpha: Any = 1) -> torch.Tensor:
+    """``beta * self + alpha * (mat1 @ mat2)`` with the matmul in the inputs' own dtype.
+    PyTorch's decomposition computes the whole op in float32 (``pw_cast_for_opmath``), which
+    turns every bf16/fp16 matmul under autocast into a float32 one."""
+    return _scaled_sum(self, torch.mm(mat1, mat2), beta, alpha)
+
+
+def _baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
+             alpha: Any = 1) -> torch.Tensor:
+    """``beta * self + alpha * (batch1 @ batch2)``, the matmul in the inputs' dtype (as ``_addmm``)."""
+    return _scaled_sum(self, torch.bmm(batch1, batch2), beta, alpha)
+
+
+def _scaled_sum(self: torch.Tensor, product: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:
+    if not product.is_floating_point():
+        beta, alpha = int(beta), int(alpha)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product
+    # the product first: the result takes its (contiguous) strides, as the op's does
+    return product + (self if beta == 1 else self * beta)
+
+
+#: Coil's own decompositions, replacing PyTorch's for these ops.
+OWN: dict[Any, Callable[..., Any]] = {aten.addmm.default: _addmm, aten.baddbmm.default: _baddbmm}
+
+
 @functools.lru_cache(maxsize=None)
 def table() -> dict[Any, Callable[..., Any]]:
     """The decompositions AOTAutograd applies before Coil lowers the graph."""
@@ -48,4 +77,5 @@ def table() -> dict[Any, Callable[..., Any]]:
             decomps.pop(overload, None)
     for op in PAIRED_WITH_BACKWARD:
         decomps.pop(op, None)
+    decomps.update(OWN)
     return decomps
