@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import plugins
+from . import plugins, selfcheck
 from .config import Config
 from .config import active as config_active
 from .errors import LoweringError
@@ -114,6 +114,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
+    # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
+    reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
     try:
@@ -146,7 +148,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
             launchers[k.name] = (backend, var)
     t3 = time.perf_counter()
     stages["codegen+compile"] = t3 - t2
-    writer = WrapperWriter(lowered, sched.steps, plan, launchers)
+    writer = WrapperWriter(lowered, sched.steps, plan, launchers, check_layouts=config.check_extern_layouts)
     wrapper = writer.write()
     for device_type, (_, module) in compiled_modules.items():
         wrapper.namespace[f"mod_{device_type}"] = module
@@ -168,6 +170,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         _dump(report, config.debug_dir, compiled_modules)
     for obs in list(_observers):
         obs(report)
+    if reference is not None:
+        fn = selfcheck.checked(fn, selfcheck.CheckedGraph.of(
+            name, kind, reference, lowered, sched.steps, example_inputs, config.debug_dir))
     return fn
 
 

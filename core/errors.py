@@ -63,3 +63,27 @@ class KernelCompileError(CoilError):
         self.source_path = source_path
         self.output = output
         super().__init__(f"kernel compile failed for {source_path}:\n{output}")
+
+
+class CheckError(CoilError):
+    """Self-check mode (``COIL_CHECK=1``) found a compiled graph whose result differs from
+    eager's on the same inputs: names the output, how far off it is, the kernel or ATen call
+    that produced it, and a standalone repro script."""
+
+    def __init__(self, graph: str, output: int, max_abs: float, max_rel: float, producer: str,
+                 repro_path: str | None, what: str = "", detail: str = "") -> None:
+        self.graph = graph
+        self.output = output
+        self.max_abs = max_abs
+        self.max_rel = max_rel
+        self.producer = producer
+        self.repro_path = repro_path
+        self.what = what or f"output {output}"
+        self.detail = detail
+        rerun = (f"Reproduce it with `coil repro {repro_path}` and attach that file (and the "
+                 f".pt file next to it, if any) to a bug report. " if repro_path else "")
+        super().__init__(
+            f"coil self-check: {graph}'s {self.what} differs from eager "
+            f"(max abs diff {max_abs:.3g}, max rel diff {max_rel:.3g}{', ' + detail if detail else ''}); "
+            f"it was produced by {producer}. {rerun}"
+            f"Until it is fixed, run this model without Coil (torch.compile(..., backend=\"eager\")).")
