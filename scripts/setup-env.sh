@@ -15,7 +15,7 @@ fi
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
 # The model suite's public definitions (tests/models). torch stays pinned in the same command,
 # else pip takes a newer (CUDA) torch for them; torchvision's wheel pins one torch release
-# and comes without its dependencies (its C++ ops are not needed: see tests/models/zoo.py).
+# and comes without its dependencies (its C++ ops are not needed: see tests/models/imports.py).
 if ! .venv/bin/python -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ('timm', 'transformers', 'torchvision')))"; then
   echo "coil: installing the model suite's definitions (timm, transformers, torchvision)" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0" \

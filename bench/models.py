@@ -1,0 +1,334 @@
+"""Model benchmark: the zoo of ``tests/models`` (timm, torchvision, transformers, random
+weights, no downloads) through eager, ``inductor`` and ``coil``: time per call, compile time
+and accuracy against eager.
+
+Usage::
+
+    python bench/models.py [--device cuda|cpu] [--size small|real] [--models a,b]
+                           [--modes infer,infer-bf16,train] [--backends eager,inductor,coil]
+                           [--accuracy-only] [--json-out FILE] [--markdown-out FILE]
+                           [--timeout 900] [--tf32]
+
+Each (model, mode) pair runs in its own subprocess with fresh, empty Inductor / Triton / Coil
+cache directories (cold compiles; a crash or hang costs that pair only).  Inside it, for each
+backend in turn on a deep copy of the same randomly initialised model:
+
+* ``compile s``: wall time of the first call (``torch.compile`` + Dynamo + the backend's
+  compile + one run, synchronised); for eager, its plain first call.
+* ``ms``: median time of one call over ``--iters`` calls after 2 warm-up calls — CUDA events
+  around each call on cuda, ``perf_counter`` (after a synchronize) on cpu.  Modes:
+  ``infer`` float32 forward in ``eval()`` under ``no_grad``; ``infer-bf16`` the same under
+  ``torch.autocast(device, torch.bfloat16)``; ``train`` one step (zero_grad, forward with
+  labels, the model's loss, backward, SGD step) in ``train()`` mode.
+* ``cos``: accuracy of the first call against eager's, by cosine similarity (``cos`` is the
+  smallest over the outputs; in ``train`` over the loss and every parameter gradient of the
+  first step), plus the verdict of ``tests/models/check.py``'s tolerances (float32:
+  max abs diff <= 1e-5 + 1e-3 * max|eager| and cosine >= 0.999; bf16 autocast: 1e-2 +
+  5e-2 * max|eager| and cosine >= 0.99); ``wrong`` counts the tensors outside them.
+
+Sizes: ``real`` is images 64x3x224x224 and text 16x512 at published widths (see
+``tests/models/zoo.py``); ``small`` is the CI shape (a smoke test of this script).  Float32
+matmuls run at full precision unless ``--tf32``.  Needs torch >= 2.11, timm, transformers and
+torchvision importable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import common
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from models import check, zoo  # noqa: E402  (tests/models, put on sys.path above)
+
+log = logging.getLogger("bench.models")
+
+MARKER = "@@coil-models@@ "
+MODES = ("infer", "infer-bf16", "train")
+EAGER = "eager"
+
+
+# --------------------------------------------------------------------------- #
+# Worker: one model, one mode, every backend
+# --------------------------------------------------------------------------- #
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(MARKER + json.dumps(record), flush=True)
+
+
+class Clock:
+    """Per-call time: CUDA events on cuda, ``perf_counter`` after a synchronize on cpu."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def time_call(self, fn: Callable[[], Any]) -> float:
+        """Seconds one call of ``fn`` takes on the device."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+
+def _grad_context(mode: str) -> contextlib.AbstractContextManager[Any]:
+    return torch.enable_grad() if mode == "train" else torch.no_grad()
+
+
+def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    if mode == "infer-bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def make_step(built: zoo.Built, mode: str, backend: str, device: torch.device
+              ) -> tuple[Callable[[], list[tuple[str, torch.Tensor]]], torch.nn.Module]:
+    """A call of ``mode`` on a fresh copy of the model through ``backend``; it returns the
+    tensors to compare with eager (outputs, or loss and gradients)."""
+    model = copy.deepcopy(built.model)
+    model.train(mode == "train")
+    fn = model if backend == EAGER else torch.compile(model, backend=backend)
+    if mode != "train":
+        def infer() -> list[tuple[str, torch.Tensor]]:
+            with torch.no_grad(), _autocast(mode, device):
+                return list(check.flatten_output(fn(*built.args, **built.kwargs)))
+        return infer, model
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    kwargs = {**built.kwargs, **built.train_kwargs}
+
+    def train() -> list[tuple[str, torch.Tensor]]:
+        opt.zero_grad(set_to_none=True)
+        loss = built.loss_fn(fn(*built.args, **kwargs))
+        loss.backward()
+        grads = [(f"grad.{n}", p.grad) for n, p in model.named_parameters() if p.grad is not None]
+        opt.step()
+        return [("loss", loss.detach()), *grads]
+    return train, model
+
+
+def accuracy(actual: list[tuple[str, torch.Tensor]], expected: list[tuple[str, torch.Tensor]],
+             tol: check.Tolerance) -> dict[str, Any]:
+    """Smallest cosine, wrong-tensor count and the first wrong names, against eager."""
+    got = dict(actual)
+    diffs = [check.compare(name, got.get(name), ref, tol) for name, ref in expected]
+    cosines = [d.cosine for d in diffs if not math.isnan(d.cosine)]
+    wrong = [d for d in diffs if not d.ok]
+    return {"min_cos": min(cosines, default=None), "wrong": len(wrong), "compared": len(diffs),
+            "first_wrong": [d.describe() for d in wrong[:5]]}
+
+
+def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device, clock: Clock,
+                reference: list[tuple[str, torch.Tensor]] | None, iters: int, accuracy_only: bool
+                ) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
+    """First call (compile), accuracy against ``reference``, then timing."""
+    step, model = make_step(built, mode, backend, device)
+    with _grad_context(mode):
+        clock.sync()
+        t0 = time.perf_counter()
+        first = step()
+        clock.sync()
+        record: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+        # Detached copies: the training step's next zero_grad drops these gradients.
+        first = [(n, t.detach().clone()) for n, t in first]
+        if reference is not None:
+            tol = check.BF16_AUTOCAST if mode == "infer-bf16" else check.FP32
+            record.update(accuracy(first, reference, tol))
+        if not accuracy_only:
+            for _ in range(2):
+                step()
+            samples = [clock.time_call(step) for _ in range(iters)]
+            record.update({"median_ms": 1e3 * statistics.median(samples),
+                           "min_ms": 1e3 * min(samples), "iters": iters})
+    del model
+    return record, first
+
+
+def worker(args: argparse.Namespace) -> int:
+    device = torch.device(args.device)
+    if args.tf32:
+        torch.set_float32_matmul_precision("high")
+    # cuDNN convolutions default to TF32: eager and a compiled model would then differ by
+    # TF32 rounding wherever their convolutions get inputs of other strides
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+    clock = Clock(device)
+    with device:
+        built = zoo.build(args.model, args.size)
+    params = sum(p.numel() for p in built.model.parameters())
+    emit({"kind": "info", "params": params, "torch": torch.__version__})
+    reference = None
+    backends = [EAGER] + [b for b in args.backends.split(",") if b != EAGER]
+    for backend in backends:
+        emit({"kind": "start", "backend": backend})
+        torch._dynamo.reset()
+        try:
+            record, outputs = run_backend(built, args.mode, backend, device, clock, reference,
+                                          args.iters, args.accuracy_only)
+        except Exception as exc:  # noqa: BLE001 - a backend's failure is its result
+            record, outputs = {"error": common.log_failure(f"{args.model} {args.mode} {backend}", exc)}, None
+            if backend == EAGER:
+                emit({"kind": "result", "backend": backend, **record})
+                return 1
+        if backend == EAGER:
+            reference = outputs
+        emit({"kind": "result", "backend": backend, **record})
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return 0
+
+
+# --------------------------------------------------------------------------- #
+# Parent: one subprocess per (model, mode), then the table
+# --------------------------------------------------------------------------- #
+
+
+def spawn(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
+    """Run one worker with cold cache dirs; its results by backend (an ``error`` entry for a
+    backend it did not finish)."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--modes", mode,
+           "--device", args.device, "--size", args.size, "--backends", args.backends,
+           "--iters", str(args.iters)] + (["--accuracy-only"] if args.accuracy_only else []) + (
+           ["--tf32"] if args.tf32 else [])
+    root = tempfile.mkdtemp(prefix="coil-models-")
+    env = {**os.environ, **common.cache_env(root)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    failure = None
+    try:
+        out, _ = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        failure = f"timed out after {args.timeout} s"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    results: dict[str, Any] = {"backends": {}}
+    current = None
+    for line in out.splitlines():
+        if not line.startswith(MARKER):
+            print(line, file=sys.stderr)
+            continue
+        rec = json.loads(line[len(MARKER):])
+        kind = rec.pop("kind")
+        if kind == "info":
+            results.update(rec)
+        elif kind == "start":
+            current = rec["backend"]
+        else:
+            results["backends"][rec.pop("backend")] = rec
+            current = None
+    if failure is None and proc.returncode not in (0, 1):
+        failure = f"worker exited with {proc.returncode}"
+    if current is not None:
+        results["backends"][current] = {"error": failure or "worker died"}
+    return results
+
+
+def table(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> list[str]:
+    compiled = [b for b in backends if b != EAGER]
+    header = ["model", "mode", *(f"{b} ms" for b in backends), *(f"{b} compile s" for b in compiled),
+              *(f"{b} cos" for b in compiled), "notes"]
+    rows = []
+    for rec in records:
+        res = rec["backends"]
+        notes = []
+        for b in backends:
+            r = res.get(b, {})
+            if "error" in r:
+                notes.append(f"{b}: {r['error']}")
+            elif r.get("wrong"):
+                notes.append(f"{b}: {r['wrong']}/{r['compared']} wrong, first {r['first_wrong'][0]}")
+        rows.append([rec["model"], rec["mode"],
+                     *(common.fmt(res.get(b, {}).get("median_ms"), "{:.2f}") for b in backends),
+                     *(common.fmt(res.get(b, {}).get("compile_s"), "{:.1f}") for b in compiled),
+                     *(common.fmt(res.get(b, {}).get("min_cos"), "{:.4f}") for b in compiled),
+                     "; ".join(notes)])
+    right = [False, False] + [True] * (len(backends) + 2 * len(compiled)) + [False]
+    return common.markdown_table(header, rows, right)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   choices=("cuda", "cpu"))
+    p.add_argument("--size", default="real", choices=zoo.SIZES)
+    p.add_argument("--models", default=",".join(zoo.names()),
+                   help="comma-separated: " + ", ".join(zoo.names()))
+    p.add_argument("--modes", "--mode", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
+    p.add_argument("--backends", default="eager,inductor,coil")
+    p.add_argument("--accuracy-only", action="store_true", help="first calls only: compile time and accuracy")
+    p.add_argument("--iters", type=int, default=10, help="timed calls per backend (after 2 warm-up calls)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per (model, mode) worker")
+    p.add_argument("--tf32", action="store_true", help="float32 matmuls in TF32 (eager and compiled)")
+    p.add_argument("--json-out", help="write the results as JSON here")
+    p.add_argument("--markdown-out", help="write the table here too")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        return args
+    unknown = [m for m in args.models.split(",") if m not in zoo.REGISTRY]
+    bad_modes = [m for m in args.modes.split(",") if m not in MODES]
+    if unknown or bad_modes:
+        p.error(f"unknown models {unknown} (known: {', '.join(zoo.names())}) or modes {bad_modes} "
+                f"(known: {', '.join(MODES)})")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+    args = parse_args(argv)
+    if args.worker:
+        args.mode = args.modes  # the parent passes one mode
+        return worker(args)
+    backends = [EAGER] + [b for b in args.backends.split(",") if b != EAGER]
+    records = []
+    for model in args.models.split(","):
+        for mode in args.modes.split(","):
+            t0 = time.perf_counter()
+            rec = {"model": model, "mode": mode, **spawn(args, model, mode)}
+            rec["wall_s"] = time.perf_counter() - t0
+            log.info("%s %s: %.0f s", model, mode, rec["wall_s"])
+            records.append(rec)
+            if args.json_out:  # rewritten after every pair: a killed run keeps what it measured
+                with open(args.json_out, "w") as f:
+                    json.dump({"device": args.device, "size": args.size, "torch": torch.__version__,
+                               "records": records}, f, indent=1)
+    lines = table(records, backends)
+    print("\n".join(lines))
+    if args.markdown_out:
+        with open(args.markdown_out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
