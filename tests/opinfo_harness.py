@@ -8,6 +8,14 @@ command-line tool::
 
     python tests/opinfo_harness.py --all --backend aot_eager --json report.json
     python tests/opinfo_harness.py --ops add,sum,nn.functional.relu --samples 4
+    python tests/opinfo_harness.py --mode grad --all --json grad.json
+
+``--mode`` picks what is compared (``coil.sdk.testing.opinfo_modes``): ``forward`` (the
+default: the op on the sample), ``grad`` (outputs and the gradients of a random projection of
+them, the backward compiled as in training), ``grad-joint`` (the same with ``autograd.grad``
+traced into one graph), ``autocast`` (the sample under ``torch.autocast(bfloat16)``, output
+dtypes must match) and ``layout`` (the sample again with transposed, stepped/offset and
+channels-last tensors).
 
 For every eligible OpInfo (float32 supported on CPU, not random -- see
 :data:`SKIPPED_OPS`) the harness takes the first ``N`` deterministic samples of
@@ -51,12 +59,13 @@ or ``--backend``; any Dynamo-registered backend name (e.g. ``aot_eager``) or a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -68,12 +77,14 @@ from coil.sdk.testing.opinfo import (DEFAULT_SAMPLES, DEFAULT_TIMEOUT_S, Countin
 from coil.sdk.testing.opinfo_db import (DEVICE, DTYPE, RANDOM_SAMPLE_FILTERS, SEED, SKIPPED_OPS,
                                         STRIP_SEED_WRAPPER, eligible_ops, find_ops, load_op_db,
                                         skip_reason)
+from coil.sdk.testing.opinfo_modes import Mode, mode_skip_reason
 
 if TYPE_CHECKING:
     from torch.testing._internal.opinfo.core import OpInfo
 
 __all__ = [
     "ATOL",
+    "CI_OPS",
     "BACKEND_ENV_VAR",
     "DEFAULT_BACKEND_NAME",
     "DEFAULT_SAMPLES",
@@ -87,7 +98,11 @@ __all__ = [
     "eligible_ops",
     "find_ops",
     "load_op_db",
+    "Mode",
+    "assert_op_matches_eager",
     "main",
+    "mode_ops",
+    "quiet_trace_log",
     "resolve_backend",
     "run_op",
     "run_ops",
@@ -103,6 +118,91 @@ _REEXPORTED = (DEVICE, DTYPE, SEED, STRIP_SEED_WRAPPER, RANDOM_SAMPLE_FILTERS, S
 DEFAULT_BACKEND_NAME = "coil"
 #: Environment variable that overrides :data:`DEFAULT_BACKEND_NAME`.
 BACKEND_ENV_VAR = "COIL_OPINFO_BACKEND"
+
+
+#: Fixed, representative CI sample (OpInfo full names), shared by the CI tests of every mode
+#: (``tests/test_opinfo*.py``).  Every op here has at least one sample that Dynamo hands to
+#: the backend (checked by the tests), so none of these can pass vacuously by running eagerly.
+CI_OPS: tuple[str, ...] = (
+    # pointwise unary
+    "abs",
+    "exp",
+    "tanh",
+    "sigmoid",
+    "rsqrt",
+    # pointwise binary
+    "add",
+    "mul",
+    "div.no_rounding_mode",
+    "pow",
+    # comparisons / selection
+    "eq",
+    "lt",
+    "where",
+    "masked_fill",
+    "clamp",
+    # reductions
+    "sum",
+    "mean",
+    "amax",
+    "argmax",
+    "var",
+    "std",
+    "prod",
+    "any",
+    "all",
+    "logsumexp",
+    "max.reduction_with_dim",
+    # normalizations over a dim
+    "softmax",
+    "log_softmax",
+    # views and reshapes
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "expand",
+    "squeeze",
+    "unsqueeze",
+    "__getitem__",  # basic and advanced slicing
+    "narrow",
+    "select",
+    # concatenation
+    "cat",
+    "stack",
+    # indexing / scatter-gather
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index_put",
+    "index_add",
+    "nn.functional.embedding",
+    # scans
+    "cumsum",
+    "cumprod",
+    # in-place mutation of an input
+    "zero_",
+    # nn.functional
+    "nn.functional.relu",
+    "nn.functional.gelu",
+    "nn.functional.layer_norm",
+    "nn.functional.linear",
+    "nn.functional.conv2d",
+    "nn.functional.cross_entropy",
+    "nn.functional.scaled_dot_product_attention",
+    # matrix multiplication
+    "matmul",
+    "mm",
+    "addmm",
+    "bmm",
+    # casts
+    "to",
+    # factories
+    "full",
+    "arange",
+    "zeros_like",
+)
 
 
 def default_backend_name() -> str:
@@ -147,6 +247,12 @@ def resolve_backend(name: str) -> CompilerFn:
     return cast(CompilerFn, compile_fx)
 
 
+def mode_ops(mode: Mode | str = Mode.FORWARD) -> list[OpInfo]:
+    """Every eligible OpInfo that ``mode`` applies to (``grad``: those with a float32
+    backward on the CPU)."""
+    return [op for op in eligible_ops() if mode_skip_reason(Mode(mode), op) is None]
+
+
 def run_ops(
     ops: Sequence[OpInfo] | None = None,
     *,
@@ -154,24 +260,85 @@ def run_ops(
     num_samples: int = DEFAULT_SAMPLES,
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     progress: Callable[[int, int, OpInfo, list[SampleRecord]], None] | None = None,
+    mode: Mode | str = Mode.FORWARD,
 ) -> list[SampleRecord]:
-    """Run the harness over ``ops`` (default: :func:`eligible_ops`).
+    """Run the harness over ``ops`` (default: :func:`mode_ops`) in ``mode``.
 
     ``backend`` is a name for :func:`resolve_backend`, a backend callable, or
     ``None`` for :func:`default_backend_name`.  ``progress`` is called after
     each op with ``(position, total, op, records_of_that_op)``.
     """
     if ops is None:
-        ops = eligible_ops()
+        ops = mode_ops(mode)
     if backend is None or isinstance(backend, str):
         backend = resolve_backend(backend or default_backend_name())
     counting = CountingBackend(backend)
     records: list[SampleRecord] = []
     for position, op in enumerate(ops, 1):
-        op_records = run_op(op, counting, num_samples=num_samples, timeout_s=timeout_s)
+        op_records = run_op(op, counting, num_samples=num_samples, timeout_s=timeout_s, mode=mode)
         records.extend(op_records)
         if progress is not None:
             progress(position, len(ops), op, op_records)
+    return records
+
+
+@contextlib.contextmanager
+def quiet_trace_log() -> Iterator[None]:
+    """Keep torch's structured-trace records out of pytest failure reports.
+
+    pytest attaches its capture handlers even to the non-propagating ``torch.__trace``
+    logger, which then fills every failure report with dozens of empty DEBUG lines.  Left
+    alone when ``TORCH_TRACE`` is set (tlparse).
+    """
+    logger = logging.getLogger("torch.__trace")
+    saved = logger.disabled
+    if not os.environ.get("TORCH_TRACE"):
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = saved
+
+
+def assert_op_matches_eager(
+    op_name: str,
+    backend: CountingBackend,
+    *,
+    mode: Mode | str = Mode.FORWARD,
+    num_samples: int = DEFAULT_SAMPLES,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    require_reached: bool = True,
+) -> list[SampleRecord]:
+    """The pytest check of one op in one mode: fail on any mismatch or error, skip when no
+    case could be compared, and (``require_reached``) fail when no compared case reached the
+    backend: a CI op list must only hold ops that compile. ``op_name`` must be the full name
+    of an eligible OpInfo that ``mode`` applies to."""
+    import pytest
+
+    mode = Mode(mode)
+    ops = [op for op in find_ops([op_name]) if op.full_name == op_name]
+    assert len(ops) == 1, f"{op_name!r} is not the full name of an eligible OpInfo"
+    reason = mode_skip_reason(mode, ops[0])
+    assert reason is None, f"{op_name!r} is not run in mode {mode.value}: {reason}"
+    records = run_op(ops[0], backend, num_samples=num_samples, timeout_s=timeout_s, mode=mode)
+    failures = [r for r in records if r.status.failed]
+    if failures:
+        lines = [f"mode {mode.value}: torch.compile disagrees with eager:"]
+        for r in failures:
+            where = f"sample {r.sample_index}" + (f" ({r.variant})" if r.variant else "")
+            lines.append(f"  {where}: {r.status.value}: {r.reason}")
+            lines.append(f"    {r.sample}")
+        pytest.fail("\n".join(lines), pytrace=False)
+    compared = [r for r in records if r.status.compared]
+    if not compared:
+        reasons = "; ".join(f"{r.status.value}: {r.reason}" for r in records) or "no samples"
+        pytest.skip(f"no case could be compared ({reasons})")
+    if require_reached and not any(r.reached_backend for r in compared):
+        pytest.fail(
+            f"{op_name}: no {mode.value} case reached the backend (Dynamo ran it eagerly: "
+            f"{compared[0].reason}); the CI op list must only hold ops that compile",
+            pytrace=False,
+        )
     return records
 
 
@@ -180,16 +347,17 @@ def run_ops(
 # --------------------------------------------------------------------------- #
 
 
-def _format_summary(summary: dict[str, Any], backend: str, seconds: float) -> str:
+def _format_summary(summary: dict[str, Any], backend: str, seconds: float, mode: str) -> str:
     c = summary["counts"]
     lines = [
-        f"backend={backend}  ops={summary['ops']}  samples={summary['samples']}  "
+        f"mode={mode}  backend={backend}  ops={summary['ops']}  cases={summary['samples']}  "
         f"time={seconds:.1f}s",
         f"  pass={c['pass']}  mismatch={c['mismatch']}  error={c['error']}  "
         f"(skipped: eager-error={c['eager-error']}  nondeterministic={c['nondeterministic']})",
         f"  compared samples reaching the backend: {summary['reached_backend']}, "
         f"not reaching it (ran eagerly under Dynamo): {summary['not_reached_backend']}, "
-        f"with graph breaks: {summary['samples_with_graph_breaks']}",
+        f"with graph breaks: {summary['samples_with_graph_breaks']}; "
+        f"ops with a compared case reaching the backend: {summary['ops_reached']}",
     ]
     never = summary["ops_never_reaching_backend"]
     if never:
@@ -223,6 +391,20 @@ def _print_progress(position: int, total: int, op: OpInfo, records: list[SampleR
     )
 
 
+ProgressFn = Callable[[int, int, "OpInfo", list[SampleRecord]], None]
+
+
+def _jsonl_progress(path: str, then: ProgressFn) -> ProgressFn:
+    """A progress callback appending each op's records to ``path`` (one JSON object a line)."""
+    def progress(position: int, total: int, op: OpInfo, records: list[SampleRecord]) -> None:
+        with open(path, "a") as f:
+            for r in records:
+                f.write(json.dumps(r.to_json()) + "\n")
+        then(position, total, op, records)
+
+    return progress
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns 1 when any sample fails, else 0."""
     parser = argparse.ArgumentParser(
@@ -235,9 +417,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ops", help="comma-separated OpInfo names (full 'name.variant' or base name)"
     )
     which.add_argument("--all", action="store_true", help="all eligible OpInfos")
-    which.add_argument("--list-skipped", action="store_true", help="print the skip list and exit")
+    which.add_argument(
+        "--list-skipped", action="store_true", help="print the skip list (of --mode) and exit"
+    )
     parser.add_argument(
         "--samples", type=int, default=DEFAULT_SAMPLES, help="samples per op (default %(default)s)"
+    )
+    parser.add_argument(
+        "--mode",
+        choices=[m.value for m in Mode],
+        default=Mode.FORWARD.value,
+        help="what to compare (default %(default)s): the op, its gradients, the op under "
+        "bfloat16 autocast, or the op on re-strided inputs",
     )
     parser.add_argument(
         "--backend",
@@ -251,6 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="per-sample time limit in seconds (0: none)",
     )
     parser.add_argument("--json", metavar="FILE", help="write records and summary as JSON")
+    parser.add_argument(
+        "--jsonl",
+        metavar="FILE",
+        help="append each op's records to FILE as JSON lines while the run goes on "
+        "(a long sweep can be read, or resumed by hand, before it ends)",
+    )
     args = parser.parse_args(argv)
 
     logging.getLogger("torch._dynamo").setLevel(logging.ERROR)
@@ -258,42 +455,49 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.list_skipped:
         for op in load_op_db():
-            reason = skip_reason(op)
+            reason = skip_reason(op) or mode_skip_reason(Mode(args.mode), op)
             if reason is not None:
                 print(f"{op.full_name}: {reason}")
         return 0
 
+    mode = Mode(args.mode)
     if args.all:
-        ops = eligible_ops()
+        ops = mode_ops(mode)
     else:
         requested = find_ops(
             [n.strip() for n in args.ops.split(",") if n.strip()], include_skipped=True
         )
         ops = []
         for op in requested:
-            reason = skip_reason(op)
+            reason = skip_reason(op) or mode_skip_reason(mode, op)
             if reason is None:
                 ops.append(op)
             else:
                 print(f"skipping {op.full_name}: {reason}", file=sys.stderr)
     backend = resolve_backend(args.backend)
     print(
-        f"running {len(ops)} ops x {args.samples} samples on backend {args.backend!r}",
+        f"running {len(ops)} ops x {args.samples} samples in mode {mode.value} "
+        f"on backend {args.backend!r}",
         file=sys.stderr,
     )
+    progress = _print_progress
+    if args.jsonl:
+        progress = _jsonl_progress(args.jsonl, progress)
     start = time.perf_counter()
     records = run_ops(
         ops,
         backend=backend,
         num_samples=args.samples,
         timeout_s=args.timeout or None,
-        progress=_print_progress,
+        progress=progress,
+        mode=mode,
     )
     seconds = time.perf_counter() - start
     summary = summarize(records)
     if args.json:
         payload = {
             "backend": args.backend,
+            "mode": mode.value,
             "torch_version": torch.__version__,
             "samples_per_op": args.samples,
             "seconds": round(seconds, 2),
@@ -302,7 +506,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         with open(args.json, "w") as f:
             json.dump(payload, f, indent=1)
-    print(_format_summary(summary, args.backend, seconds))
+    print(_format_summary(summary, args.backend, seconds, mode.value))
     return 1 if any(r.status.failed for r in records) else 0
 
 

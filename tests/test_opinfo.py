@@ -24,116 +24,30 @@ Example::
 
 from __future__ import annotations
 
-import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
 from opinfo_harness import (
+    CI_OPS,
     DEFAULT_SAMPLES,
     DEFAULT_TIMEOUT_S,
     CountingBackend,
-    SampleRecord,
     Status,
+    assert_op_matches_eager,
     eligible_ops,
     find_ops,
+    quiet_trace_log,
     resolve_backend,
     run_op,
 )
-
-if TYPE_CHECKING:
-    from torch.testing._internal.opinfo.core import OpInfo
 
 BACKEND_NAME: str = os.environ.get("COIL_OPINFO_BACKEND") or "coil"
 FULL: bool = os.environ.get("COIL_OPINFO_FULL", "") == "1"
 NUM_SAMPLES: int = int(os.environ.get("COIL_OPINFO_SAMPLES") or DEFAULT_SAMPLES)
 TIMEOUT_S: float | None = float(os.environ.get("COIL_OPINFO_TIMEOUT") or DEFAULT_TIMEOUT_S) or None
-
-#: Fixed, representative CI sample (OpInfo full names).  Every op here has at
-#: least one sample that Dynamo hands to the backend (checked by the test), so
-#: none of these can pass vacuously by running eagerly.
-CI_OPS: tuple[str, ...] = (
-    # pointwise unary
-    "abs",
-    "exp",
-    "tanh",
-    "sigmoid",
-    "rsqrt",
-    # pointwise binary
-    "add",
-    "mul",
-    "div.no_rounding_mode",
-    "pow",
-    # comparisons / selection
-    "eq",
-    "lt",
-    "where",
-    "masked_fill",
-    "clamp",
-    # reductions
-    "sum",
-    "mean",
-    "amax",
-    "argmax",
-    "var",
-    "std",
-    "prod",
-    "any",
-    "all",
-    "logsumexp",
-    "max.reduction_with_dim",
-    # normalizations over a dim
-    "softmax",
-    "log_softmax",
-    # views and reshapes
-    "view",
-    "reshape",
-    "permute",
-    "transpose",
-    "expand",
-    "squeeze",
-    "unsqueeze",
-    "__getitem__",  # basic and advanced slicing
-    "narrow",
-    "select",
-    # concatenation
-    "cat",
-    "stack",
-    # indexing / scatter-gather
-    "index_select",
-    "gather",
-    "scatter",
-    "scatter_add",
-    "index_put",
-    "index_add",
-    "nn.functional.embedding",
-    # scans
-    "cumsum",
-    "cumprod",
-    # in-place mutation of an input
-    "zero_",
-    # nn.functional
-    "nn.functional.relu",
-    "nn.functional.gelu",
-    "nn.functional.layer_norm",
-    "nn.functional.linear",
-    "nn.functional.conv2d",
-    "nn.functional.cross_entropy",
-    "nn.functional.scaled_dot_product_attention",
-    # matrix multiplication
-    "matmul",
-    "mm",
-    "addmm",
-    "bmm",
-    # casts
-    "to",
-    # factories
-    "full",
-    "arange",
-    "zeros_like",
-)
 
 
 def _op_names() -> list[str]:
@@ -143,37 +57,11 @@ def _op_names() -> list[str]:
     return list(CI_OPS)
 
 
-def _find_one(op_name: str) -> OpInfo:
-    """Resolve ``op_name``, which must be the exact full name of an eligible OpInfo."""
-    ops = [op for op in find_ops([op_name]) if op.full_name == op_name]
-    assert len(ops) == 1, f"{op_name!r} is not the full name of an eligible OpInfo"
-    return ops[0]
-
-
-def _failure_message(records: Sequence[SampleRecord]) -> str:
-    lines = [f"torch.compile(backend={BACKEND_NAME!r}) disagrees with eager:"]
-    for r in records:
-        lines.append(f"  sample {r.sample_index}: {r.status.value}: {r.reason}")
-        lines.append(f"    {r.sample}")
-    return "\n".join(lines)
-
-
 @pytest.fixture(autouse=True)
 def _quiet_torch_trace_log() -> Iterator[None]:
-    """Keep torch's structured-trace records out of failure reports.
-
-    pytest attaches its capture handlers even to the non-propagating
-    ``torch.__trace`` logger, which then fills every failure report with dozens
-    of empty DEBUG lines.  Left alone when ``TORCH_TRACE`` is set (tlparse).
-    """
-    logger = logging.getLogger("torch.__trace")
-    saved = logger.disabled
-    if not os.environ.get("TORCH_TRACE"):
-        logger.disabled = True
-    try:
+    """Keep torch's structured-trace records out of failure reports."""
+    with quiet_trace_log():
         yield
-    finally:
-        logger.disabled = saved
 
 
 @pytest.fixture(scope="module")
@@ -188,23 +76,8 @@ def counting_backend() -> CountingBackend:
 )
 def test_compiled_matches_eager(op_name: str, counting_backend: CountingBackend) -> None:
     """Compiled results (outputs and mutated inputs) match eager for each sample."""
-    op = _find_one(op_name)
-    records = run_op(op, counting_backend, num_samples=NUM_SAMPLES, timeout_s=TIMEOUT_S)
-
-    failures = [r for r in records if r.status.failed]
-    if failures:
-        pytest.fail(_failure_message(failures), pytrace=False)
-
-    compared = [r for r in records if r.status.compared]
-    if not compared:
-        reasons = "; ".join(f"{r.status.value}: {r.reason}" for r in records) or "no samples"
-        pytest.skip(f"no sample could be compared ({reasons})")
-    if not FULL and not any(r.reached_backend for r in compared):
-        pytest.fail(
-            f"{op_name}: no sample reached the backend (Dynamo ran it eagerly: "
-            f"{compared[0].reason}); the CI op list must only hold ops that compile",
-            pytrace=False,
-        )
+    assert_op_matches_eager(op_name, counting_backend, num_samples=NUM_SAMPLES,
+                            timeout_s=TIMEOUT_S, require_reached=not FULL)
 
 
 # --------------------------------------------------------------------------- #

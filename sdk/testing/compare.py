@@ -3,6 +3,7 @@ nested results against eager, for the OpInfo runner. Moved here from
 ``tests/opinfo_harness.py`` so the conformance kit and the harness share one definition."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,32 @@ ATOL = 1e-4
 RTOL = 1e-4
 #: Maximum length of the one-line reasons stored in records.
 REASON_MAX_CHARS = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Tolerance:
+    """How close a result must be to eager's: ``|a - e| <= atol + rtol * |e|`` element-wise
+    (NaN equals NaN), with dtypes equal. ``low`` (an ``(atol, rtol)`` pair) replaces them for
+    tensors whose eager dtype is bfloat16 or float16, and for every floating-point tensor when
+    ``low_for_all_floats`` is set: under autocast a float32 result may come from bfloat16
+    intermediates. The default has no ``low``: in float32 programs a 16-bit result comes from
+    a cast, which must round exactly as eager does."""
+
+    atol: float = ATOL
+    rtol: float = RTOL
+    low: tuple[float, float] | None = None
+    low_for_all_floats: bool = False
+
+    def for_dtype(self, dtype: torch.dtype) -> tuple[float, float]:
+        """(atol, rtol) for a tensor whose eager result has ``dtype``."""
+        if self.low is not None and (dtype in (torch.bfloat16, torch.float16)
+                                     or (self.low_for_all_floats and dtype.is_floating_point)):
+            return self.low
+        return self.atol, self.rtol
+
+
+#: The forward mode's tolerance (float32 results, 1e-4).
+DEFAULT_TOLERANCE = Tolerance()
 
 _Memo = dict[tuple[int, int], torch.UntypedStorage]
 
@@ -107,33 +134,39 @@ class Mismatch(AssertionError):
     """Raised by :func:`compare` with a path-qualified message."""
 
 
-def compare(actual: Any, expected: Any, path: str = "out", device: str | None = None) -> None:
+class DtypeMismatch(Mismatch):
+    """A result of another dtype than eager's (no tolerance or reference excuses it)."""
+
+
+def compare(actual: Any, expected: Any, path: str = "out", device: str | None = None,
+            tol: Tolerance = DEFAULT_TOLERANCE) -> None:
     """Recursively compare ``actual`` with ``expected`` (tensors of ``actual`` must be on
     ``device`` when given, and are copied to the CPU); raise :class:`Mismatch`."""
     if isinstance(expected, torch.Tensor) or isinstance(actual, torch.Tensor):
-        _compare_tensors(actual, expected, path, device)
+        _compare_tensors(actual, expected, path, device, tol)
         return
     if isinstance(expected, (list, tuple)):
         if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
             raise Mismatch(f"{path}: {_short_repr(actual)} != {_short_repr(expected)}")
         for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            compare(a, e, f"{path}[{i}]", device)
+            compare(a, e, f"{path}[{i}]", device, tol)
         return
     if isinstance(expected, Mapping):
         if not isinstance(actual, Mapping) or set(actual) != set(expected):
             raise Mismatch(f"{path}: keys differ")
         for k in expected:
-            compare(actual[k], expected[k], f"{path}[{k!r}]", device)
+            compare(actual[k], expected[k], f"{path}[{k!r}]", device, tol)
         return
     if isinstance(expected, (float, complex)) and isinstance(actual, (int, float, complex)):
-        if not _close_scalar(complex(actual), complex(expected)):
+        if not _close_scalar(complex(actual), complex(expected), tol):
             raise Mismatch(f"{path}: {actual!r} != {expected!r}")
         return
     if type(actual) is not type(expected) or actual != expected:
         raise Mismatch(f"{path}: {_short_repr(actual)} != {_short_repr(expected)}")
 
 
-def _compare_tensors(actual: Any, expected: Any, path: str, device: str | None) -> None:
+def _compare_tensors(actual: Any, expected: Any, path: str, device: str | None,
+                     tol: Tolerance) -> None:
     if not (isinstance(expected, torch.Tensor) and isinstance(actual, torch.Tensor)):
         raise Mismatch(f"{path}: type {type(actual).__name__} != {type(expected).__name__}")
     if device is not None and actual.device.type != device:
@@ -141,20 +174,23 @@ def _compare_tensors(actual: Any, expected: Any, path: str, device: str | None) 
     a, e = actual.detach().cpu(), expected.detach()
     if a.layout == torch.strided and a.is_conj() != e.is_conj():
         a, e = a.resolve_conj(), e.resolve_conj()
+    if a.dtype != e.dtype:  # said plainly: under autocast this is the finding, not the values
+        raise DtypeMismatch(f"{path}: dtype {a.dtype} != eager's {e.dtype}")
+    atol, rtol = tol.for_dtype(e.dtype)
     try:
-        torch.testing.assert_close(a, e, atol=ATOL, rtol=RTOL, equal_nan=True)
+        torch.testing.assert_close(a, e, atol=atol, rtol=rtol, equal_nan=True)
     except AssertionError as exc:
         raise Mismatch(f"{path}: {' '.join(str(exc).split())}") from None
 
 
-def _close_scalar(a: complex, e: complex) -> bool:
+def _close_scalar(a: complex, e: complex, tol: Tolerance = DEFAULT_TOLERANCE) -> bool:
     parts = ((a.real, e.real), (a.imag, e.imag))
     for x, y in parts:
         if math.isnan(x) and math.isnan(y):
             continue
         if x == y:
             continue
-        if not abs(x - y) <= ATOL + RTOL * abs(y):
+        if not abs(x - y) <= tol.atol + tol.rtol * abs(y):
             return False
     return True
 
@@ -168,9 +204,49 @@ def compare_call(
     actual: tuple[Any, tuple[Any, ...], dict[str, Any]],
     expected: tuple[Any, tuple[Any, ...], dict[str, Any]],
     device: str | None = None,
+    tol: Tolerance = DEFAULT_TOLERANCE,
 ) -> None:
     """Compare (output, args after call, kwargs after call) of two runs."""
-    compare(actual[0], expected[0], "out", device)
+    compare(actual[0], expected[0], "out", device, tol)
     # Inputs are compared too: in-place ops and ``out=``-style mutation.
-    compare(actual[1], expected[1], "input", device)
-    compare(actual[2], expected[2], "kwargs", device)
+    compare(actual[1], expected[1], "input", device, tol)
+    compare(actual[2], expected[2], "kwargs", device, tol)
+
+
+def _leaves(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    if isinstance(value, Mapping):
+        return [leaf for key in sorted(value, key=repr) for leaf in _leaves(value[key])]
+    return [value]
+
+
+def compare_with_reference(actual: Any, expected: Any, reference: Any, path: str = "out",
+                           tol: Tolerance = DEFAULT_TOLERANCE, multiplier: float = 3.0) -> None:
+    """Judge a low-precision result by its distance from a float64 ``reference`` (the same
+    program run in float64): each floating-point tensor of ``actual`` must have eager's dtype,
+    NaN where eager has NaN, and a largest error ``max|actual - reference|`` within
+    ``multiplier`` times eager's own plus the tolerance's ``atol``; other leaves must be
+    close to eager's as :func:`compare` judges them. Raises :class:`Mismatch`."""
+    leaves_a, leaves_e, leaves_r = _leaves(actual), _leaves(expected), _leaves(reference)
+    if not len(leaves_a) == len(leaves_e) == len(leaves_r):
+        raise Mismatch(f"{path}: {len(leaves_a)} results, eager {len(leaves_e)}, "
+                       f"float64 reference {len(leaves_r)}")
+    for i, (a, e, r) in enumerate(zip(leaves_a, leaves_e, leaves_r)):
+        where = f"{path} leaf {i}"
+        floating = all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (a, e, r))
+        if not floating or a.shape != e.shape or e.shape != r.shape:
+            compare(a, e, where, None, tol)
+            continue
+        if a.dtype != e.dtype:
+            raise DtypeMismatch(f"{where}: dtype {a.dtype} != eager's {e.dtype}")
+        a64, e64, r64 = (t.detach().cpu().double() for t in (a, e, r))
+        if not torch.equal(a64.isnan(), e64.isnan()):
+            raise Mismatch(f"{where}: NaN where eager has none, or the reverse")
+        finite = ~e64.isnan() & r64.isfinite()
+        err_a = (a64 - r64).abs()[finite].max().item() if finite.any() else 0.0
+        err_e = (e64 - r64).abs()[finite].max().item() if finite.any() else 0.0
+        atol, _ = tol.for_dtype(e.dtype)
+        if not err_a <= multiplier * err_e + atol:
+            raise Mismatch(f"{where}: beyond tolerance, and {err_a:.3g} from the float64 "
+                           f"reference where eager is {err_e:.3g} (allowed {multiplier:g}x + {atol:g})")

@@ -2,8 +2,10 @@
 eager on the CPU (pass, mismatch, error; eager-error and nondeterministic are skips). Shared by
 the conformance kit's opinfo tier and ``tests/opinfo_harness.py`` (its CLI and CI tests).
 
-For every sample: eager runs twice on CPU copies (they must agree), then Dynamo is reset,
-``torch.compile(op, backend=CountingBackend(real), dynamic=False)`` runs on a copy moved to the
+Each sample becomes one or more :class:`~.opinfo_modes.Case` s, depending on the mode
+(:class:`~.opinfo_modes.Mode`: forward, grad, grad-joint, autocast, layout). For every case:
+eager runs twice on CPU copies (they must agree), then Dynamo is reset,
+``torch.compile(fn, backend=CountingBackend(real), dynamic=False)`` runs on a copy moved to the
 device (strides, offsets and aliasing kept), and its outputs *and* the post-call inputs are
 copied back and compared (so in-place ops are checked). The counting backend records whether a
 graph reached the backend at all: Dynamo may run a sample eagerly."""
@@ -22,8 +24,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.fx
 
-from .compare import clone_call_args, compare_call, exc_reason, Mismatch, one_line
-from .opinfo_db import iter_samples, without_seed_wrapper
+from .compare import DtypeMismatch, Mismatch, clone_call_args, compare_call, compare_with_reference, exc_reason, one_line
+from .opinfo_db import without_seed_wrapper
+from .opinfo_modes import (FP64_MULTIPLIER, Case, CaseFactory, Mode, SkipSample, mode_skip_reason, op_fn,
+                           select_cases)
 
 if TYPE_CHECKING:
     from torch.testing._internal.opinfo.core import OpInfo, SampleInput
@@ -109,6 +113,7 @@ class SampleRecord:
     reason: str = ""  #: One-line explanation for non-pass outcomes / breaks.
     sample: str = ""  #: Short description of the sample.
     seconds: float = 0.0
+    variant: str = ""  #: Which case of the sample, in modes with several (layout).
 
     def to_json(self) -> dict[str, Any]:
         """JSON-serializable dict."""
@@ -156,15 +161,17 @@ def time_limit(seconds: float | None) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, left, outer_interval)
 
 
-def _call(fn: Callable[..., Any], sample: SampleInput, device: torch.device | None = None
+def _call(fn: Callable[..., Any], case: Case, device: torch.device | None = None
           ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    """Call ``fn`` on fresh copies of the sample (on ``device``); return (output, args, kwargs)."""
-    args, kwargs = clone_call_args(sample, device)
-    if device is None:
-        return fn(*args, **kwargs), args, kwargs
-    # Factories and ``to`` name the CPU: ask for the device instead. The returned args keep
-    # the CPU names (and the same tensors), so they compare equal to eager's.
-    out = fn(*_retarget(args, device), **_retarget(kwargs, device))
+    """Call ``fn`` on fresh copies of the case's sample (on ``device``) inside its context;
+    return (output, args, kwargs)."""
+    args, kwargs = clone_call_args(case.sample, device)
+    with case.context(device):
+        if device is None:
+            return fn(*args, **kwargs), args, kwargs
+        # Factories and ``to`` name the CPU: ask for the device instead. The returned args
+        # keep the CPU names (and the same tensors), so they compare equal to eager's.
+        out = fn(*_retarget(args, device), **_retarget(kwargs, device))
     return out, args, kwargs
 
 
@@ -182,11 +189,13 @@ def _retarget(value: Any, device: torch.device) -> Any:
     return value
 
 
-def _graph_break_summary() -> tuple[int, str]:
-    """Graph breaks Dynamo recorded since its counters were cleared, and the first reason."""
+def _graph_break_summary(expected: Sequence[str] = ()) -> tuple[int, str]:
+    """Graph breaks Dynamo recorded since its counters were cleared, and the first reason;
+    breaks whose message holds one of the ``expected`` substrings are not counted."""
     from torch._dynamo.utils import counters
 
-    breaks = counters.get("graph_break", {})
+    breaks = {message: count for message, count in counters.get("graph_break", {}).items()
+              if not any(text in str(message) for text in expected)}
     total = int(sum(breaks.values()))
     message = str(next(iter(breaks), ""))
     first = one_line(message, 120)
@@ -196,32 +205,43 @@ def _graph_break_summary() -> tuple[int, str]:
     return total, one_line(first)
 
 
-def _make_op_fn(op: OpInfo) -> Callable[..., Any]:
-    def op_fn(*args: Any, **kwargs: Any) -> Any:
-        return op(*args, **kwargs)
-
-    op_fn.__name__ = "opinfo_" + op.full_name.replace(".", "_")
-    return op_fn
-
-
 def run_sample(op: OpInfo, sample: SampleInput, backend: CountingBackend, *, index: int = 0,
                timeout_s: float | None = DEFAULT_TIMEOUT_S, device: str | None = None) -> SampleRecord:
-    """Run one sample eagerly (CPU) and compiled (on ``device``, default the CPU), and
-    classify it. Never raises (other than ``KeyboardInterrupt``/``SystemExit``)."""
+    """Run one sample eagerly (CPU) and compiled (on ``device``, default the CPU), as it is
+    (the forward mode), and classify it. Never raises (other than ``KeyboardInterrupt``/
+    ``SystemExit``)."""
+    fn = op_fn(op)
+    return run_case(op, lambda: Case(fn, sample), backend, index=index, summary=_summary(sample),
+                    timeout_s=timeout_s, device=device)
+
+
+def _summary(sample: SampleInput) -> str:
+    try:
+        return one_line(sample.summary(), 200)
+    except Exception:
+        return "<unprintable sample>"
+
+
+def run_case(op: OpInfo, factory: CaseFactory, backend: CountingBackend, *, index: int = 0,
+             variant: str = "", summary: str = "", timeout_s: float | None = DEFAULT_TIMEOUT_S,
+             device: str | None = None) -> SampleRecord:
+    """Build the case (``factory``), run it eagerly (CPU) and compiled (on ``device``, default
+    the CPU), and classify it. Never raises (other than ``KeyboardInterrupt``/``SystemExit``)."""
     from torch._dynamo.utils import counters
 
-    record = SampleRecord(op=op.full_name, sample_index=index, status=Status.PASS, reached_backend=False)
-    try:
-        record.sample = one_line(sample.summary(), 200)
-    except Exception:
-        record.sample = "<unprintable sample>"
+    record = SampleRecord(op=op.full_name, sample_index=index, status=Status.PASS,
+                          reached_backend=False, sample=summary, variant=variant)
     backend.reset()
     counters.clear()
     start = time.perf_counter()
+    expected_breaks: tuple[str, ...] = ()
     try:
         with warnings.catch_warnings(), without_seed_wrapper(), time_limit(timeout_s):
             warnings.simplefilter("ignore")
-            _run_sample_unguarded(op, sample, backend, record, torch.device(device) if device else None)
+            case = _build_case(factory, record)
+            if case is not None:
+                expected_breaks = case.expected_breaks
+                _run_case_unguarded(case, backend, record, torch.device(device) if device else None)
     except SampleTimeout as exc:
         # Which stage timed out decides the status: before compiling, eager is to blame.
         compiled_stage = record.status is Status.ERROR
@@ -233,7 +253,7 @@ def run_sample(op: OpInfo, sample: SampleInput, backend: CountingBackend, *, ind
     record.graphs, record.graph_nodes = backend.graphs, backend.nodes
     record.reached_backend = backend.graphs > 0
     try:
-        record.graph_breaks, break_reason = _graph_break_summary()
+        record.graph_breaks, break_reason = _graph_break_summary(expected_breaks)
         if record.graph_breaks and not record.reason:
             record.reason = f"graph break: {break_reason}"
     finally:
@@ -242,18 +262,29 @@ def run_sample(op: OpInfo, sample: SampleInput, backend: CountingBackend, *, ind
     return record
 
 
-def _run_sample_unguarded(op: OpInfo, sample: SampleInput, backend: CountingBackend,
-                          record: SampleRecord, device: torch.device | None) -> None:
-    """Body of :func:`run_sample`; fills in ``record`` (status, reason)."""
-    fn = _make_op_fn(op)
+def _build_case(factory: CaseFactory, record: SampleRecord) -> Case | None:
+    """The case, or None with ``record`` marked ``eager-error`` (the mode has nothing to
+    compare for this sample, or building it ran eager and that raised)."""
+    try:
+        return factory()
+    except SkipSample as exc:
+        record.status, record.reason = Status.EAGER_ERROR, f"nothing to compare: {exc}"
+    except Exception as exc:
+        record.status, record.reason = Status.EAGER_ERROR, exc_reason(exc)
+    return None
+
+
+def _run_case_unguarded(case: Case, backend: CountingBackend, record: SampleRecord,
+                        device: torch.device | None) -> None:
+    """Body of :func:`run_case`; fills in ``record`` (status, reason)."""
     # Eager reference on the CPU, twice, to detect nondeterminism.
     try:
-        expected = _call(fn, sample)
+        expected = _call(case.fn, case)
     except Exception as exc:
         record.status, record.reason = Status.EAGER_ERROR, exc_reason(exc)
         return
     try:
-        compare_call(_call(fn, sample), expected)
+        compare_call(_call(case.fn, case), expected, tol=case.tolerance)
     except Mismatch as exc:
         record.status, record.reason = Status.NONDETERMINISTIC, one_line(f"eager runs disagree: {exc}")
         return
@@ -264,15 +295,15 @@ def _run_sample_unguarded(op: OpInfo, sample: SampleInput, backend: CountingBack
     # Compiled run: provisionally ERROR so that a timeout from here on is blamed on it.
     record.status = Status.ERROR
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    compiled = torch.compile(case.fn, backend=backend, dynamic=False)
     try:
-        with torch._dynamo.config.patch(suppress_errors=False):
-            actual = _call(compiled, sample, device)
+        with torch._dynamo.config.patch(suppress_errors=False, **case.dynamo_config):
+            actual = _call(compiled, case, device)
     except Exception as exc:
         record.reason = exc_reason(exc)
         return
     try:
-        compare_call(actual, expected, device.type if device is not None else None)
+        record.reason = _compare(case, actual, expected, device.type if device is not None else None)
     except Mismatch as exc:
         record.status, record.reason = Status.MISMATCH, one_line(str(exc))
         return
@@ -282,27 +313,55 @@ def _run_sample_unguarded(op: OpInfo, sample: SampleInput, backend: CountingBack
     record.status = Status.PASS
 
 
+def _compare(case: Case, actual: tuple[Any, ...], expected: tuple[Any, ...], device: str | None) -> str:
+    """:func:`compare_call` with the case's tolerance; outputs beyond it get a second chance
+    against the case's float64 reference, when it has one (low-precision modes). Returns ""
+    or, for a pass the reference granted, the mismatch it excused (kept as the reason)."""
+    try:
+        compare_call(actual, expected, device, case.tolerance)
+        return ""
+    except Mismatch as first:
+        if case.fp64_reference is None or isinstance(first, DtypeMismatch):
+            raise
+        try:
+            reference = case.fp64_reference()
+        except Exception:
+            raise first from None
+        compare_with_reference(actual[0], expected[0], reference, "out", case.tolerance,
+                               multiplier=FP64_MULTIPLIER)
+        # Outputs are within eager's own distance from float64; inputs must still match.
+        compare_call((None, *actual[1:]), (None, *expected[1:]), device, case.tolerance)
+        return one_line(f"passed against the float64 reference; beyond tolerance: {first}")
+
+
 def run_op(op: OpInfo, backend: CountingBackend, *, num_samples: int = DEFAULT_SAMPLES,
-           timeout_s: float | None = DEFAULT_TIMEOUT_S, device: str | None = None) -> list[SampleRecord]:
-    """Run the first ``num_samples`` samples of ``op`` (compiled on ``device``). Never raises.
+           timeout_s: float | None = DEFAULT_TIMEOUT_S, device: str | None = None,
+           mode: Mode | str = Mode.FORWARD) -> list[SampleRecord]:
+    """Run the first ``num_samples`` samples of ``op`` (compiled on ``device``) in ``mode``.
+    Never raises.
 
     Sample generation failures yield a single ``eager-error`` record with
-    ``sample_index == -1``; an op without samples yields no records.
+    ``sample_index == -1``; an op without samples, or one ``mode`` does not apply to
+    (:func:`~.opinfo_modes.mode_skip_reason`), yields no records.
     """
+    mode = Mode(mode)
+    if mode_skip_reason(mode, op) is not None:
+        return []
     start = time.perf_counter()
     try:
         # Materialize up front: sample generation draws from the (seeded) RNG,
         # which running earlier samples must not perturb.
         with warnings.catch_warnings(), time_limit(timeout_s):
             warnings.simplefilter("ignore")
-            samples = list(iter_samples(op, num_samples))
+            cases = select_cases(mode, op, num_samples)
     except (Exception, SampleTimeout) as exc:
         return [SampleRecord(op=op.full_name, sample_index=-1, status=Status.EAGER_ERROR,
                              reached_backend=False,
                              reason=one_line(f"sample_inputs failed: {exc_reason(exc)}"),
                              seconds=round(time.perf_counter() - start, 4))]
-    return [run_sample(op, sample, backend, index=index, timeout_s=timeout_s, device=device)
-            for index, sample in samples]
+    return [run_case(op, factory, backend, index=index, variant=variant, summary=_summary(sample),
+                     timeout_s=timeout_s, device=device)
+            for index, sample, factories in cases for variant, factory in factories]
 
 
 def summarize(records: Sequence[SampleRecord]) -> dict[str, Any]:
@@ -314,7 +373,8 @@ def summarize(records: Sequence[SampleRecord]) -> dict[str, Any]:
     failing: dict[str, str] = {}
     for r in records:
         if r.status.failed and r.op not in failing:
-            failing[r.op] = f"{r.status.value} (sample {r.sample_index}): {r.reason}"
+            where = f"sample {r.sample_index}" + (f", {r.variant}" if r.variant else "")
+            failing[r.op] = f"{r.status.value} ({where}): {r.reason}"
     by_op: dict[str, list[SampleRecord]] = {}
     for r in compared:
         by_op.setdefault(r.op, []).append(r)
@@ -323,6 +383,7 @@ def summarize(records: Sequence[SampleRecord]) -> dict[str, Any]:
         "ops": len({r.op for r in records}),
         "counts": counts,
         "reached_backend": sum(r.reached_backend for r in compared),
+        "ops_reached": sum(any(r.reached_backend for r in rs) for rs in by_op.values()),
         "not_reached_backend": sum(not r.reached_backend for r in compared),
         "samples_with_graph_breaks": sum(r.graph_breaks > 0 for r in compared),
         "failing_ops": failing,

@@ -141,11 +141,13 @@ def find_ops(names: Sequence[str], *, include_skipped: bool = False) -> list[OpI
     return selected
 
 
-def iter_samples(op: OpInfo, num_samples: int) -> Iterator[tuple[int, SampleInput]]:
-    """First ``num_samples`` deterministic samples, with their original indices."""
+def iter_samples(op: OpInfo, num_samples: int, *, requires_grad: bool = False
+                 ) -> Iterator[tuple[int, SampleInput]]:
+    """First ``num_samples`` deterministic samples, with their original indices
+    (``requires_grad``: OpInfo marks the differentiable inputs, as for its gradient tests)."""
     sample_filter = RANDOM_SAMPLE_FILTERS.get(op.full_name)
     torch.manual_seed(SEED)
-    samples = op.sample_inputs(DEVICE, DTYPE, requires_grad=False)
+    samples = op.sample_inputs(DEVICE, DTYPE, requires_grad=requires_grad)
     kept = 0
     for index, sample in enumerate(samples):
         if kept >= num_samples:
