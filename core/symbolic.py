@@ -2,6 +2,8 @@
 that uses the known ranges of loop variables, and a printer that plugins specialise."""
 from __future__ import annotations
 
+import re
+
 from typing import Callable, Iterable, Mapping
 
 import sympy
@@ -122,11 +124,17 @@ class ExprPrinter:
     """Prints index expressions as source text. Plugins override the spellings of floor
     division, modulo, min/max and integer literals for their language."""
 
+    @staticmethod
+    def group(text: str) -> str:
+        """``text`` as one operand: a name or a number as it is, anything else in parentheses
+        (``x0 // 5*s0`` would divide by 5 and multiply by ``s0``)."""
+        return text if re.fullmatch(r"[\w.]+", text) else f"({text})"
+
     def floordiv(self, a: str, b: str) -> str:
-        return f"({a} // {b})"
+        return f"({self.group(a)} // {self.group(b)})"
 
     def mod(self, a: str, b: str) -> str:
-        return f"({a} % {b})"
+        return f"({self.group(a)} % {self.group(b)})"
 
     def integer(self, value: int) -> str:
         return str(value)

@@ -122,3 +122,14 @@ def test_layout_check_knob_is_what_guards_an_unpredicted_layout():
         report = coil.explain(fn, x)
     assert "restride(" not in report.graphs[0].wrapper_source
     assert not torch.allclose(report.result, expected)
+
+
+def test_dynamic_index_dividing_by_a_product_keeps_its_parentheses():
+    """``x0 // (5*s0)`` once printed as ``x0 / 5*s0`` in C++: out-of-bounds reads."""
+    x = torch.randn(2, 5, 3, 4)
+    check(lambda x: (x.permute(0, 2, 1, 3) * 2).reshape(-1, x.shape[-1]), x, dynamic=True)
+
+
+def test_dynamic_fallback_sizes_the_printer_cannot_spell_skip_the_stride_check():
+    x = torch.randn(2, 3, 9, 9)
+    check(lambda x: F.max_pool2d(x.relu(), 2, ceil_mode=True).sin(), x, dynamic=True)

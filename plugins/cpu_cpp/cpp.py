@@ -14,7 +14,7 @@ PARALLEL_THRESHOLD = 16384
 
 class CppPrinter(ExprPrinter):
     def floordiv(self, a: str, b: str) -> str:
-        return f"({a} / {b})"
+        return f"({self.group(a)} / {self.group(b)})"
 
     def integer(self, value: int) -> str:
         return f"INT64_C({value})" if abs(value) > 2**31 - 1 else str(value)

@@ -72,9 +72,9 @@ class Level:
         extent = _product(list(self.ranges[run.lo:run.hi + 1]))
         expr = self.flat
         if inner != 1:
-            expr = f"({expr} // {text(inner)})"
+            expr = f"({expr} // {ExprPrinter.group(text(inner))})"
         if run.lo != 0:
-            expr = f"({expr} % {text(extent)})"
+            expr = f"({expr} % {ExprPrinter.group(text(extent))})"
         return f"{run.name} = {expr}"
 
     def covers_all(self, run: Run) -> bool:

@@ -121,18 +121,19 @@ class Program:
     #: compile with ``dynamic=True`` (symbolic sizes in every kernel)
     dynamic: bool = False
 
-    def to_source(self, jitter: bool = False) -> str:
+    def to_source(self, jitter: bool = False, mutated: frozenset[str] = frozenset()) -> str:
         """``make_inputs()`` and ``program(...)``, runnable where ``torch``, ``F`` and
-        `harness.randn` are defined; with ``jitter``, every computed value passes through
-        `harness.jitter` (the conditioning check)."""
+        `harness.randn` are defined; with ``jitter``, every input but the ``mutated`` ones
+        and every computed value passes through `harness.jitter` (the conditioning check)."""
         lines = ["def make_inputs():"]
         lines += [f"    {i.name} = {i.expression()}" for i in self.inputs]
         lines += [f"    return [{', '.join(i.name for i in self.inputs)}]", "", ""]
         lines.append(f"def program({', '.join(i.name for i in self.inputs)}):")
-        # Without in-place updates aliasing cannot matter: jitter inputs and views too.
+        if jitter:  # an input the program writes into must stay the caller's tensor
+            lines += [f"    {i.name} = jitter({i.name}, None, {100 + k})"
+                      for k, i in enumerate(self.inputs) if i.name not in mutated]
+        # Without in-place updates aliasing cannot matter: jitter views too.
         scope = "locals()" if any(s.out is None for s in self.steps) else "None"
-        if jitter and scope == "None":
-            lines += [f"    {i.name} = jitter({i.name}, None, {100 + k})" for k, i in enumerate(self.inputs)]
         for k, step in enumerate(self.steps):
             lines.append(f"    {step.line}")
             if jitter and step.out:
@@ -189,10 +190,11 @@ def namespace() -> dict[str, object]:
     return {"torch": torch, "F": F, "randn": harness.randn, "jitter": harness.jitter}
 
 
-def load(program: Program, jitter: bool = False) -> dict[str, object]:
-    """Execute ``program.to_source(jitter)``; the result holds ``make_inputs`` and ``program``."""
+def load(program: Program, jitter: bool = False, mutated: frozenset[str] = frozenset()) -> dict[str, object]:
+    """Execute ``program.to_source(jitter, mutated)``; the result holds ``make_inputs`` and
+    ``program``."""
     ns = namespace()
-    exec(compile(program.to_source(jitter), "<fuzz program>", "exec"), ns)  # noqa: S102 - our own text
+    exec(compile(program.to_source(jitter, mutated), "<fuzz program>", "exec"), ns)  # noqa: S102 - our own text
     return ns
 
 

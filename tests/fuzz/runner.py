@@ -111,7 +111,10 @@ def check(program: Program, backend: str = "coil") -> Outcome:
         except Exception as exc:  # noqa: BLE001 - a program eager cannot run is skipped
             return Outcome("skip", "inputs", _describe(exc)[0])
         precision = getattr(torch, program.precision)
-        jittered = load(program, jitter=True)
+        fresh = ns["make_inputs"]()
+        mutated = frozenset(spec.name for spec, before, after in zip(program.inputs, fresh, ref.inputs)
+                            if not torch.equal(before.detach(), after))
+        jittered = load(program, jitter=True, mutated=mutated)
         try:
             noisy = harness.collect(jittered["program"], jittered["make_inputs"], program.backward)
         except harness.PhaseError as exc:
