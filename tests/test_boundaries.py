@@ -131,5 +131,7 @@ def test_dynamic_index_dividing_by_a_product_keeps_its_parentheses():
 
 
 def test_dynamic_fallback_sizes_the_printer_cannot_spell_skip_the_stride_check():
-    x = torch.randn(2, 3, 9, 9)
-    check(lambda x: F.max_pool2d(x.relu(), 2, ceil_mode=True).sin(), x, dynamic=True)
+    """A fallback's output size ``(s + 1)//2`` is torch's FloorDiv, which the wrapper's printer
+    does not spell: the stride check of that output is left out, the compile goes on."""
+    x = torch.randn(3, 1, 2, 2)
+    check(lambda a: torch.sort(a[::2], dim=0).values, x, dynamic=True)
