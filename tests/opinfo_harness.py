@@ -210,6 +210,16 @@ def default_backend_name() -> str:
     return os.environ.get(BACKEND_ENV_VAR) or DEFAULT_BACKEND_NAME
 
 
+#: Settings the pytest files (``tests/test_opinfo*.py``) read from the environment.
+FULL: bool = os.environ.get("COIL_OPINFO_FULL", "") == "1"
+TIMEOUT_S: float | None = float(os.environ.get("COIL_OPINFO_TIMEOUT") or DEFAULT_TIMEOUT_S) or None
+
+
+def env_samples(default: int) -> int:
+    """Samples per op: ``$COIL_OPINFO_SAMPLES``, else ``default``."""
+    return int(os.environ.get("COIL_OPINFO_SAMPLES") or default)
+
+
 # --------------------------------------------------------------------------- #
 # Backend handling
 # --------------------------------------------------------------------------- #

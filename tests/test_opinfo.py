@@ -24,16 +24,18 @@ Example::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from opinfo_harness import (
+    FULL,
+    TIMEOUT_S,
+    default_backend_name,
+    env_samples,
     CI_OPS,
     DEFAULT_SAMPLES,
-    DEFAULT_TIMEOUT_S,
     CountingBackend,
     Status,
     assert_op_matches_eager,
@@ -44,10 +46,8 @@ from opinfo_harness import (
     run_op,
 )
 
-BACKEND_NAME: str = os.environ.get("COIL_OPINFO_BACKEND") or "coil"
-FULL: bool = os.environ.get("COIL_OPINFO_FULL", "") == "1"
-NUM_SAMPLES: int = int(os.environ.get("COIL_OPINFO_SAMPLES") or DEFAULT_SAMPLES)
-TIMEOUT_S: float | None = float(os.environ.get("COIL_OPINFO_TIMEOUT") or DEFAULT_TIMEOUT_S) or None
+BACKEND_NAME: str = default_backend_name()
+NUM_SAMPLES: int = env_samples(DEFAULT_SAMPLES)
 
 
 def _op_names() -> list[str]:

@@ -7,15 +7,17 @@ CI runs ``CI_OPS`` plus the autocast-listed ops (:data:`AUTOCAST_EXTRA_OPS`), on
 (the nightly figure: ``python tests/opinfo_harness.py --mode autocast --all``)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from opinfo_harness import (
+    FULL,
+    TIMEOUT_S,
+    default_backend_name,
+    env_samples,
     CI_OPS,
-    DEFAULT_TIMEOUT_S,
     CountingBackend,
     Mode,
     Status,
@@ -30,10 +32,8 @@ from opinfo_harness import (
 from coil.sdk.testing.compare import Mismatch, compare_with_reference
 from coil.sdk.testing.opinfo_modes import AUTOCAST_TOLERANCE
 
-BACKEND_NAME: str = os.environ.get("COIL_OPINFO_BACKEND") or "coil"
-FULL: bool = os.environ.get("COIL_OPINFO_FULL", "") == "1"
-NUM_SAMPLES: int = int(os.environ.get("COIL_OPINFO_SAMPLES") or 1)
-TIMEOUT_S: float | None = float(os.environ.get("COIL_OPINFO_TIMEOUT") or DEFAULT_TIMEOUT_S) or None
+BACKEND_NAME: str = default_backend_name()
+NUM_SAMPLES: int = env_samples(1)
 
 #: Ops CPU autocast runs in bfloat16 (or whose composite bodies do) that ``CI_OPS`` lacks.
 AUTOCAST_EXTRA_OPS: tuple[str, ...] = (

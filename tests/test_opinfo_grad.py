@@ -9,15 +9,17 @@ each; ``COIL_OPINFO_FULL=1`` runs every eligible op and ``COIL_OPINFO_SAMPLES`` 
 samples (the nightly figure: ``python tests/opinfo_harness.py --mode grad --all``)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from opinfo_harness import (
+    FULL,
+    TIMEOUT_S,
+    default_backend_name,
+    env_samples,
     CI_OPS,
-    DEFAULT_TIMEOUT_S,
     CountingBackend,
     Mode,
     Status,
@@ -31,11 +33,9 @@ from opinfo_harness import (
 
 from coil.sdk.testing.opinfo_grad import grad_case
 
-BACKEND_NAME: str = os.environ.get("COIL_OPINFO_BACKEND") or "coil"
-FULL: bool = os.environ.get("COIL_OPINFO_FULL", "") == "1"
+BACKEND_NAME: str = default_backend_name()
 #: One sample per op in CI: each costs a forward and a backward compile.
-NUM_SAMPLES: int = int(os.environ.get("COIL_OPINFO_SAMPLES") or 1)
-TIMEOUT_S: float | None = float(os.environ.get("COIL_OPINFO_TIMEOUT") or DEFAULT_TIMEOUT_S) or None
+NUM_SAMPLES: int = env_samples(1)
 
 #: ``CI_OPS`` less the ops without a backward (comparisons, argmax, any/all, factories).
 GRAD_CI_OPS: tuple[str, ...] = tuple(

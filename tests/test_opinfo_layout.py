@@ -7,15 +7,17 @@ eligible op and ``COIL_OPINFO_SAMPLES`` sets the samples (the nightly figure:
 ``python tests/opinfo_harness.py --mode layout --all``)."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
 from opinfo_harness import (
+    FULL,
+    TIMEOUT_S,
+    default_backend_name,
+    env_samples,
     CI_OPS,
-    DEFAULT_TIMEOUT_S,
     CountingBackend,
     Mode,
     Status,
@@ -30,10 +32,8 @@ from opinfo_harness import (
 from coil.sdk.testing.opinfo_layout import OFFSET, VARIANTS, layout_variants
 from coil.sdk.testing.opinfo_modes import select_cases
 
-BACKEND_NAME: str = os.environ.get("COIL_OPINFO_BACKEND") or "coil"
-FULL: bool = os.environ.get("COIL_OPINFO_FULL", "") == "1"
-NUM_SAMPLES: int = int(os.environ.get("COIL_OPINFO_SAMPLES") or 1)
-TIMEOUT_S: float | None = float(os.environ.get("COIL_OPINFO_TIMEOUT") or DEFAULT_TIMEOUT_S) or None
+BACKEND_NAME: str = default_backend_name()
+NUM_SAMPLES: int = env_samples(1)
 
 #: ``CI_OPS`` less the factories, which take no tensor to re-stride.
 LAYOUT_CI_OPS: tuple[str, ...] = tuple(name for name in CI_OPS if name not in ("full", "arange"))
