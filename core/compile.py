@@ -148,7 +148,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
             launchers[k.name] = (backend, var)
     t3 = time.perf_counter()
     stages["codegen+compile"] = t3 - t2
-    writer = WrapperWriter(lowered, sched.steps, plan, launchers, check_layouts=config.check_extern_layouts)
+    writer = WrapperWriter(lowered, sched.steps, plan, launchers, check_layouts=config.check_extern_layouts,
+                           check_inputs=config.check_extern_layouts and kind == "backward")
     wrapper = writer.write()
     for device_type, (_, module) in compiled_modules.items():
         wrapper.namespace[f"mod_{device_type}"] = module

@@ -2,6 +2,7 @@
 (falling back to ATen per op), and collects the IR nodes, buffers, inputs and outputs."""
 from __future__ import annotations
 
+import functools
 import logging
 import operator
 from dataclasses import dataclass, field
@@ -74,6 +75,39 @@ def _should_realize_on_reuse(body: ir.Value, config: Config) -> bool:
     """Whether a value used more than once costs enough to store rather than recompute."""
     return (len(ir.loads(body)) > config.realize_reads_threshold
             or ir.op_count(body) > config.realize_opcount_threshold)
+
+
+#: Nodes of one load's index expression above which the value is stored (see
+#: ``GraphLowering._maybe_realize``).
+INDEX_SIZE_LIMIT = 200
+
+
+def _index_size(body: ir.Value) -> int:
+    """The size of the largest load index of ``body``, in expression nodes."""
+    return max((sum(1 for _ in sympy.preorder_traversal(ld.index)) for ld in ir.loads(body)), default=0)
+
+
+@functools.lru_cache(maxsize=1)
+def _selecting_targets() -> frozenset[Any]:
+    """Ops that pick some of their input's elements (by value), whose gradients and uses
+    compare the picked values with the input again (``x == amax(x)``)."""
+    aten = torch.ops.aten
+    names = ("amax", "amin", "max", "min", "sort", "topk", "kthvalue", "median", "nanmedian",
+             "mode", "cummax", "cummin", "argmax", "argmin")
+    packets = [getattr(aten, n) for n in names]
+    return frozenset(getattr(p, overload) for p in packets for overload in p.overloads())
+
+
+def _recomputed_inexactly(node: torch.fx.Node, body: ir.Value) -> bool:
+    """Whether ``node``'s value must be stored once rather than recomputed by each user: a
+    selecting op (a max, a sort) reads it, another user may compare with what it picked, and
+    its body calls the math library, whose scalar and vector variants (one per loop) may
+    differ in the last bit -- then ``tanh(x) == amax(tanh(x))`` would hold nowhere."""
+    from .ops import EXACT_OPS
+    selecting = _selecting_targets()
+    if not any(user.target in selecting for user in node.users):
+        return False
+    return any(isinstance(v, ir.Op) and v.name not in EXACT_OPS for v in ir.walk(body))
 
 
 class GraphLowering:
@@ -193,13 +227,20 @@ class GraphLowering:
                 value.origins = tuple(dict.fromkeys([*value.origins, *origins]))
         for new in self.ctx.nodes[mark:]:
             # nodes this op built around its inputs' bodies (realized inputs keep their own)
-            if isinstance(new, (ir.ReductionNode, ir.ScanNode, ir.ScatterNode)):
+            if isinstance(new, (ir.ReductionNode, ir.ScanNode, ir.ScatterNode)) or getattr(new, "mutates", None):
                 new.origins = tuple(dict.fromkeys([*inlined, *new.origins]))
 
     def _maybe_realize(self, node: torch.fx.Node, result: Any, body: ir.Value | None) -> Any:
-        if isinstance(result, Lazy) and body is not None and len(node.users) > 1:
-            if _should_realize_on_reuse(body, self.ctx.config):
-                return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
+        if not isinstance(result, Lazy) or body is None:
+            return result
+        if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
+                                    or _recomputed_inexactly(node, body)):
+            return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
+        if _index_size(body) > INDEX_SIZE_LIMIT:
+            # chained views (channel shuffles) compose index expressions that grow with every
+            # link; past this size simplifying and compiling them costs more than a copy
+            log.debug("storing %s: an index expression of %d nodes", node.name, _index_size(body))
+            return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
         return result
 
     def _fallback(self, node: torch.fx.Node, args: Any, kwargs: Any, kind: str, reason: str) -> Any:

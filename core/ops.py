@@ -32,3 +32,16 @@ POINTWISE_OPS: dict[str, int] = {
     # selection
     "where": 3,
 }
+
+
+#: Ops whose result IEEE 754 defines exactly (correctly rounded or exact), so every device and
+#: every code path (scalar, vector, a loop's tail) computes the same bits. The others call a
+#: math library whose scalar and vector variants may differ in the last place.
+EXACT_OPS: frozenset[str] = frozenset({
+    "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod",
+    "neg", "abs", "reciprocal", "square", "sign", "maximum", "minimum", "clamp_min", "clamp_max",
+    "copysign", "nextafter", "sqrt", "floor", "ceil", "round", "trunc",
+    "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
+    "logical_and", "logical_or", "logical_xor", "logical_not",
+    "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "lshift", "rshift", "where",
+})

@@ -79,12 +79,25 @@ def _split_divisible(expr: sympy.Expr, divisor: sympy.Expr) -> tuple[sympy.Expr,
     """Split a sum into (terms divisible by ``divisor``, divided) and the remaining terms."""
     quotient, rest = sympy.Integer(0), sympy.Integer(0)
     for term in sympy.Add.make_args(sympy.expand(expr)):
-        q = sympy.cancel(term / divisor)
-        if q.is_polynomial() and sympy.fraction(sympy.together(q))[1] == 1 and _integral(q):
+        q = _exact_quotient(term, divisor)
+        if q is not None:
             quotient += q
         else:
             rest += term
     return quotient, rest
+
+
+def _exact_quotient(term: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
+    """``term / divisor`` when it is an integer polynomial, else None."""
+    if divisor.is_Integer:  # the common case, without sympy's rational function machinery
+        coeff, rest = term.as_coeff_Mul()
+        if coeff.is_Integer and int(coeff) % int(divisor) == 0:
+            return sympy.Integer(int(coeff) // int(divisor)) * rest
+        return None
+    q = sympy.cancel(term / divisor)
+    if q.is_polynomial() and sympy.fraction(sympy.together(q))[1] == 1 and _integral(q):
+        return q
+    return None
 
 
 def _integral(expr: sympy.Expr) -> bool:
@@ -100,8 +113,14 @@ def simplify_index(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) 
     ``0 <= x1 < T`` is known from ``ranges`` (loop variable -> loop size)."""
     if not expr.has(FloorDiv, ModIdx):
         return expr
+    done: dict[sympy.Expr, sympy.Expr] = {}  # sympy trees share subtrees: visit each once
 
     def visit(e: sympy.Expr) -> sympy.Expr:
+        if e not in done:
+            done[e] = _visit(e)
+        return done[e]
+
+    def _visit(e: sympy.Expr) -> sympy.Expr:
         if not e.args:
             return e
         args = [visit(a) for a in e.args]
@@ -186,6 +205,58 @@ class ExprPrinter:
         if isinstance(e, sympy.Add):
             return text if text.startswith("(") else f"({text})"
         return text
+
+
+#: Size expressions Coil cannot spell in its own functions, each named by a symbol that the
+#: wrapper computes in Python before any kernel runs (``derived_definitions``).
+_DERIVED: dict[sympy.Expr, sympy.Symbol] = {}
+
+
+def derived_definitions() -> dict[sympy.Symbol, sympy.Expr]:
+    """Derived size symbol -> the torch expression (of input size symbols) it stands for."""
+    return {sym: expr for expr, sym in _DERIVED.items()}
+
+
+def _derived(expr: sympy.Expr) -> sympy.Symbol:
+    if expr not in _DERIVED:
+        _DERIVED[expr] = sympy.Symbol(f"d{len(_DERIVED)}", integer=True)
+    return _DERIVED[expr]
+
+
+def from_torch(expr: sympy.Expr) -> sympy.Expr:
+    """``expr`` with torch's integer functions (``torch.utils._sympy.functions``: FloorDiv,
+    CeilDiv, ModularIndexing, Mod, Max, Min...) rewritten into Coil's, where that keeps the
+    meaning. Coil's division and modulo are for non-negative dividends: a part whose dividend
+    the symbols' assumptions (torch's sizes are positive integers) do not prove non-negative,
+    such as ``(s1 - s0)//2``, becomes a derived symbol the wrapper computes with Python's own
+    floor division; one of other symbols than input sizes is left as it is (printing it
+    fails with a clear error rather than dividing wrongly)."""
+    if not any(type(n).__module__.startswith("torch.") for n in sympy.preorder_traversal(expr)):
+        return expr
+    return _from_torch(expr)
+
+
+def _from_torch(e: sympy.Expr) -> sympy.Expr:
+    if e.is_Atom:
+        return e
+    args = [_from_torch(a) for a in e.args]
+    name = type(e).__name__ if type(e).__module__.startswith("torch.") else ""
+    nonneg = bool(args) and args[0].is_nonnegative is True
+    if name in ("FloorDiv", "CleanDiv") and nonneg and args[1].is_positive:
+        return FloorDiv(*args)
+    if name == "CeilDiv" and nonneg and args[1].is_positive:
+        return FloorDiv(args[0] + args[1] - 1, args[1])
+    if name in ("Mod", "PythonMod") and nonneg and args[1].is_positive:
+        return ModIdx(*args)
+    if name == "ModularIndexing" and nonneg and args[1].is_positive and args[2].is_positive:
+        return ModIdx(FloorDiv(args[0], args[1]), args[2])
+    if name == "Max":
+        return sympy.Max(*args)
+    if name == "Min":
+        return sympy.Min(*args)
+    if name and all(sym.name.startswith("s") for sym in e.free_symbols):
+        return _derived(e)
+    return e.func(*args) if tuple(args) != e.args else e
 
 
 def free_symbols(exprs: Iterable[sympy.Expr]) -> set[sympy.Symbol]:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import ir
+from . import ir, symbolic
 from .graph import LoweredGraph
 from .kernel import Kernel
 from .memory import MemoryPlan
@@ -52,10 +52,14 @@ class Wrapper:
 
 class WrapperWriter:
     def __init__(self, graph: LoweredGraph, steps: Sequence[object], plan: MemoryPlan,
-                 launchers: dict[str, tuple[Any, str]], *, check_layouts: bool = True) -> None:
+                 launchers: dict[str, tuple[Any, str]], *, check_layouts: bool = True,
+                 check_inputs: bool = False) -> None:
         """``launchers``: kernel name -> (device backend, namespace var of its compiled module);
-        ``check_layouts``: check the strides of ATen results (``Config.check_extern_layouts``)."""
+        ``check_layouts``: check the strides of ATen results (``Config.check_extern_layouts``);
+        ``check_inputs``: check the strides of the graph's inputs too (backward graphs, whose
+        inputs are the forward's outputs and saved values, with no guard from Dynamo)."""
         self.check_layouts = check_layouts
+        self.check_inputs = check_inputs
         self.graph = graph
         self.steps = steps
         self.plan = plan
@@ -136,6 +140,35 @@ class WrapperWriter:
             expr = src if kind == "value" else f"{src}.{'size' if kind == 'size' else 'stride'}({dim})"
             self.w.line(f"{symbol.name} = {expr}")
             self.bound.add(symbol.name)
+        self._derived_sizes()
+        if self.check_inputs:
+            written = {n.mutates for n in self.graph.nodes if getattr(n, "mutates", None)}
+            written |= {a for n in self.graph.nodes for a in getattr(n, "aliases", ())}
+            for inp in self.graph.inputs:
+                if inp.name and inp.name not in written:
+                    self._check_layout(inp.name, self.graph.buffers[inp.name].layout)
+
+    def _derived_sizes(self) -> None:
+        """Sizes Coil names by a symbol because its own functions cannot spell them
+        (``symbolic.from_torch``), computed here with Python's integer semantics."""
+        from torch.utils._sympy.printers import PythonPrinter
+        definitions = symbolic.derived_definitions()
+        if not definitions:
+            return
+        used: set[sympy.Symbol] = set()
+        for buf in self.graph.buffers.values():
+            for e in (*buf.layout.size, *buf.layout.stride, buf.layout.offset):
+                used |= sympy.sympify(e).free_symbols
+        for step in self.steps:
+            used |= set(getattr(step, "size_args", ()))
+        for out in self.graph.outputs:
+            if out.expr is not None:
+                used |= sympy.sympify(out.expr).free_symbols
+        for sym in sorted(used & set(definitions), key=lambda s: s.name):
+            expr = definitions[sym]
+            if all(s.name in self.bound for s in expr.free_symbols):
+                self.w.line(f"{sym.name} = {PythonPrinter().doprint(expr)}")
+                self.bound.add(sym.name)
 
     def _prologues(self) -> None:
         """Each backend's once-per-call lines (a stream, a device), per device it launches on."""

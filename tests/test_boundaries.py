@@ -130,8 +130,96 @@ def test_dynamic_index_dividing_by_a_product_keeps_its_parentheses():
     check(lambda x: (x.permute(0, 2, 1, 3) * 2).reshape(-1, x.shape[-1]), x, dynamic=True)
 
 
-def test_dynamic_fallback_sizes_the_printer_cannot_spell_skip_the_stride_check():
-    """A fallback's output size ``(s + 1)//2`` is torch's FloorDiv, which the wrapper's printer
-    does not spell: the stride check of that output is left out, the compile goes on."""
+def test_dynamic_fallback_size_in_a_torch_function():
+    """A fallback's output size ``(s + 1)//2`` is torch's FloorDiv; it once made the stride
+    check of that output (and then the kernel after it) fail to print."""
     x = torch.randn(3, 1, 2, 2)
     check(lambda a: torch.sort(a[::2], dim=0).values, x, dynamic=True)
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last])
+def test_dynamic_layout_of_a_saved_activation(fmt):
+    """With symbolic sizes, channels_last strides were not seen as dense: the forward wrote the
+    saved ``tanh(a / 2)`` contiguous and the backward read it channels_last (found by the fuzzer)."""
+    x = torch.randn(2, 3, 4, 5).to(memory_format=fmt)
+    w = torch.randn(2, 3, 4, 5)
+    fn = lambda a: torch.tanh(a / 2.0)  # noqa: E731
+    a = x.clone(memory_format=torch.preserve_format).requires_grad_()
+    expected = torch.autograd.grad((fn(a) * w).sum(), a)[0]
+    b = x.clone(memory_format=torch.preserve_format).requires_grad_()
+    out = torch.compile(fn, backend="coil", dynamic=True)(b)
+    got = torch.autograd.grad((out * w).sum(), b)[0]
+    torch.testing.assert_close(got, expected)
+
+
+def test_backward_graph_inputs_in_an_unexpected_layout_are_copied():
+    """A backward graph's inputs are the forward's outputs, which no Dynamo guard checks: one
+    arriving in other strides than the graph was compiled for is copied into them first."""
+    from coil.compile import compile_graph
+
+    def bw(saved, grad):
+        return (saved.cos() * grad,)
+
+    example = (torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), torch.randn(2, 3, 4, 5))
+    gm = torch.fx.experimental.proxy_tensor.make_fx(bw)(*example)
+    fn = compile_graph(gm, list(example), coil.config.get(), "backward")
+    saved = example[0].contiguous()  # the same values, other strides
+    (got,) = fn([saved, example[1]])
+    torch.testing.assert_close(got, bw(*example)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(2, 2), (37, 53)])
+def test_selected_values_of_a_library_function_are_not_recomputed(dtype, shape):
+    """``amax``'s gradient compares its input with the max: a ``tanh`` computed once by the
+    vector libm (in the reduction) and once by the scalar one (in the mask) differed in the
+    last bit, so the mask was empty and the gradient NaN (found by the fuzzer)."""
+    x = torch.randn(shape, dtype=dtype, generator=torch.Generator().manual_seed(2203))
+    for fn in (lambda a: torch.tanh(a).amax(), lambda a: torch.exp(a).amin(1).sum(),
+               lambda a: torch.sin(a).max()):
+        a = x.clone().requires_grad_()
+        expected = torch.autograd.grad(fn(a), a)[0]
+        b = x.clone().requires_grad_()
+        got = torch.autograd.grad(torch.compile(fn, backend="coil")(b), b)[0]
+        torch.testing.assert_close(got, expected)
+    def picked(a):
+        s = a.sin()
+        return s == s.topk(2, dim=-1).values[..., -1:]
+    check(picked, x)
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: F.max_pool2d(x, 2, ceil_mode=True).sin(),
+    lambda x: F.pad(x, (1, 2, 2, 1), mode="reflect").cos() * 2,
+    lambda x: F.avg_pool2d(x, 3, 2, ceil_mode=True) + 1,
+    lambda x: x[:, :, ::2].exp(),
+], ids=["ceil_pool", "reflect_pad", "avg_pool", "step_slice"])
+def test_dynamic_sizes_in_torch_functions(fn):
+    """Symbolic sizes such as ``(s0 - 1)//2`` or ``Max(...)`` are torch's sympy functions; they
+    are rewritten into Coil's before kernels see them (they failed to print)."""
+    check(fn, torch.randn(2, 3, 9, 7), dynamic=True)
+
+
+def test_torch_size_functions_keep_their_meaning():
+    from torch.utils._sympy import functions as tf
+    from coil.symbolic import FloorDiv, ModIdx, from_torch
+    import sympy
+    s = sympy.Symbol("s0", positive=True, integer=True)
+    assert from_torch(tf.FloorDiv(s - 1, 2)) == FloorDiv(s - 1, 2)
+    assert from_torch(tf.CeilDiv(s, 4)) == FloorDiv(s + 3, 4)
+    assert from_torch(tf.ModularIndexing(s, 2, 3)) == ModIdx(FloorDiv(s, 2), 3)
+    assert from_torch(tf.Max(s, 3) + 1) == sympy.Max(s, 3) + 1
+    # a dividend that may be negative keeps Python's floor division: the wrapper computes it
+    from coil.symbolic import derived_definitions
+    d = from_torch(tf.FloorDiv(s - 3, 2) + 1)
+    (sym,) = d.free_symbols
+    assert d == sym + 1 and derived_definitions()[sym] == tf.FloorDiv(s - 3, 2)
+
+
+def test_dynamic_size_with_a_dividend_of_unknown_sign():
+    """A strided conv's output size ``(s1 - s0)//2`` (found by the fuzzer) is computed by the
+    wrapper with Python's floor division, then passed to the kernels as a size."""
+    w = torch.randn(4, 3, 2, 1)
+    report = check(lambda x, w: F.conv2d(x, w, stride=2, padding=1, groups=2).relu(),
+                   torch.randn(6, 7, 5), w, dynamic=True)
+    assert "//" in report.graphs[0].wrapper_source

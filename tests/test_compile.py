@@ -306,3 +306,32 @@ def test_as_strided_of_a_view_input_counts_from_the_storage():
     expected = f(view)  # (check() would clone the input and lose its storage offset)
     torch.testing.assert_close(coil.explain(f, view).result, expected)
     check(lambda v: v.t()[1:, :2] + 1, base[4:].view(6, 6))
+
+
+def test_a_kernel_writing_an_input_in_place_names_what_it_inlined():
+    def f(x, acc):
+        acc.mul_(x)
+        return x + 2
+
+    r = coil.explain(f, torch.randn(5), torch.full((5,), 3.0))
+    writer = [k for k in r.kernels if "aten.copy_.default" in k.ops]
+    assert writer and "aten.mul.Tensor" in writer[0].ops, [(k.name, k.ops) for k in r.kernels]
+
+
+def test_chained_channel_shuffles_keep_index_expressions_small():
+    """Each channel shuffle (view, transpose, view) composes the index of the next read; twelve
+    in a row once made index expressions (and compile time) grow exponentially. Values whose
+    index grows past ``INDEX_SIZE_LIMIT`` are stored instead."""
+    import torch.nn.functional as F
+    w = torch.randn(8, 8, 1, 1)
+
+    def f(x):
+        for _ in range(12):
+            x1, x2 = x.chunk(2, dim=1)
+            x = torch.cat((x1, F.relu(F.conv2d(x2, w))), dim=1)
+            b, c, h, wd = x.shape
+            x = x.view(b, 2, c // 2, h, wd).transpose(1, 2).reshape(b, c, h, wd)
+        return x
+
+    report = check(f, torch.randn(2, 16, 4, 4))
+    assert max(len(k.source) for k in report.kernels) < 20_000

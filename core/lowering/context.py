@@ -113,15 +113,17 @@ def layout_from_meta(meta: Any) -> Layout | None:
 
 
 def _is_dense(size: Sequence[Expr], stride: Sequence[Expr]) -> bool:
+    """Whether the strides are a permutation of contiguous ones, symbolic strides included:
+    from the innermost dim out, some dim's stride must equal the product of the sizes within."""
     dims = [(st, n) for n, st in zip(size, stride) if n != 1]
-    try:
-        dims.sort(key=lambda d: int(d[0]) if d[0].is_Integer else 1 << 62)
-    except TypeError:
-        return False
     expected: Expr = sympy.Integer(1)
-    for st, n in dims:
-        if sympy.expand(st - expected) != 0:
+    while dims:
+        for i, (st, n) in enumerate(dims):
+            if sympy.expand(st - expected) == 0:
+                break
+        else:
             return False
+        dims.pop(i)
         expected = expected * n
     return True
 

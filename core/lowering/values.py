@@ -8,7 +8,7 @@ from typing import Callable, Sequence
 import sympy
 import torch
 
-from .. import ir
+from .. import ir, symbolic
 from ..ir import Expr, Layout, Value
 
 
@@ -80,11 +80,14 @@ def const(value: object, dtype: torch.dtype) -> Value:
 
 
 def to_sympy(x: object) -> Expr:
-    """A Python int, SymInt or sympy expression as a sympy expression."""
+    """A Python int, SymInt or sympy expression as a sympy expression in Coil's own functions
+    (torch's symbolic sizes use its own ``FloorDiv``, ``Max``... which plugins do not print)."""
     if isinstance(x, torch.SymInt):
-        return x.node.expr
+        x = x.node.expr
     if isinstance(x, sympy.Basic):
-        return x
+        if x.is_Atom:
+            return x
+        return symbolic.from_torch(x)
     return sympy.Integer(int(x))  # type: ignore[arg-type]
 
 

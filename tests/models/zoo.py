@@ -145,8 +145,7 @@ def _shufflenet(size: Size) -> Built:
     models = import_optional("torchvision").models
     if size == "real":
         return _vision(models.shufflenet_v2_x0_5(weights=None), size, 1000)
-    # Shorter stages: chained channel shuffles cost Coil's index simplification exponential
-    # time (145 s of scheduling for the full 4-8-4 network on a loaded 2-core machine).
+    # Shorter stages, to keep CI short (the full 4-8-4 network compiles in 10 s here).
     return _vision(models.ShuffleNetV2([2, 4, 2], [24, 48, 96, 192, 1024], num_classes=10), size, 10)
 _register("timm_resnet50", "timm", "timm ResNet-50")(_timm_builder("resnet50"))
 _register("timm_mobilenetv3", "timm", "timm mobilenetv3_small_050")(_timm_builder("mobilenetv3_small_050"))
