@@ -7,7 +7,7 @@ Usage::
     python bench/models.py [--device cuda|cpu] [--size small|real] [--models a,b]
                            [--modes infer,infer-bf16,train] [--backends eager,inductor,coil]
                            [--accuracy-only] [--json-out FILE] [--markdown-out FILE]
-                           [--timeout 900] [--tf32]
+                           [--timeout 900] [--tf32] [--jobs 1]
 
 Each (model, mode) pair runs in its own subprocess with fresh, empty Inductor / Triton / Coil
 cache directories (cold compiles; a crash or hang costs that pair only).  Inside it, for each
@@ -163,13 +163,31 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
             tol = check.BF16_AUTOCAST if mode == "infer-bf16" else check.FP32
             record.update(accuracy(first, reference, tol))
         if not accuracy_only:
-            for _ in range(2):
-                step()
-            samples = [clock.time_call(step) for _ in range(iters)]
+            with _timing_lock():
+                for _ in range(2):
+                    step()
+                samples = [clock.time_call(step) for _ in range(iters)]
             record.update({"median_ms": 1e3 * statistics.median(samples),
                            "min_ms": 1e3 * min(samples), "iters": iters})
     del model
     return record, first
+
+
+@contextlib.contextmanager
+def _timing_lock() -> Any:
+    """With ``--jobs`` above 1, workers compile at once but time one at a time (a file lock):
+    timed calls never share the device with another worker's timed calls."""
+    path = os.environ.get("BENCH_MODELS_TIMING_LOCK")
+    if not path:
+        yield
+        return
+    import fcntl
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -219,6 +237,8 @@ def spawn(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
            ["--tf32"] if args.tf32 else [])
     root = tempfile.mkdtemp(prefix="coil-models-")
     env = {**os.environ, **common.cache_env(root)}
+    if args.jobs > 1:
+        env["BENCH_MODELS_TIMING_LOCK"] = args.lock_path
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
     failure = None
     try:
@@ -290,6 +310,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--tf32", action="store_true", help="float32 matmuls in TF32 (eager and compiled)")
     p.add_argument("--json-out", help="write the results as JSON here")
     p.add_argument("--markdown-out", help="write the table here too")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="(model, mode) workers at once: they compile in parallel and take turns "
+                        "for the timed calls (compile times then include contention for the CPUs)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -310,18 +333,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.mode = args.modes  # the parent passes one mode
         return worker(args)
     backends = [EAGER] + [b for b in args.backends.split(",") if b != EAGER]
-    records = []
-    for model in args.models.split(","):
-        for mode in args.modes.split(","):
-            t0 = time.perf_counter()
-            rec = {"model": model, "mode": mode, **spawn(args, model, mode)}
-            rec["wall_s"] = time.perf_counter() - t0
-            log.info("%s %s: %.0f s", model, mode, rec["wall_s"])
+    pairs = [(model, mode) for model in args.models.split(",") for mode in args.modes.split(",")]
+    # a lock given in the environment is shared with other processes that time (profilers)
+    args.lock_path = os.environ.get("BENCH_MODELS_TIMING_LOCK") or os.path.join(
+        tempfile.mkdtemp(prefix="coil-bench-lock-"), "timing.lock")
+    records: list[dict[str, Any]] = []
+
+    def run(pair: tuple[str, str]) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        rec = {"model": pair[0], "mode": pair[1], **spawn(args, *pair)}
+        rec["wall_s"] = time.perf_counter() - t0
+        log.info("%s %s: %.0f s", pair[0], pair[1], rec["wall_s"])
+        return rec
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for rec in pool.map(run, pairs):
             records.append(rec)
             if args.json_out:  # rewritten after every pair: a killed run keeps what it measured
                 with open(args.json_out, "w") as f:
                     json.dump({"device": args.device, "size": args.size, "torch": torch.__version__,
-                               "records": records}, f, indent=1)
+                               "jobs": args.jobs, "records": records}, f, indent=1)
     lines = table(records, backends)
     print("\n".join(lines))
     if args.markdown_out:

@@ -294,7 +294,7 @@ class GraphLowering:
             r = self.ctx.realize(value, layout_from_meta(meta))
             return GraphOutput(r.name, r.layout)
         if isinstance(value, torch.SymInt):
-            return GraphOutput(expr=value.node.expr)
+            return GraphOutput(expr=to_sympy(value))
         return GraphOutput(constant=value)
 
 

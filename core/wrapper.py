@@ -36,7 +36,9 @@ PY = PyPrinter()
 
 
 def py(e: Any) -> str:
-    return PY.print(sympy.sympify(e))
+    """``e`` (an int, a sympy expression, torch's size functions included) as Python."""
+    e = sympy.sympify(e)
+    return PY.print(e if e.is_Atom else symbolic.from_torch(e))
 
 
 @dataclass

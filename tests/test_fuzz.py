@@ -32,9 +32,7 @@ FAILED: dict[str, str] = {}
 
 @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
           phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-# Static shapes only in CI while the dynamic-shape bugs the fuzzer found are open (issue 8's
-# note lists them with their repros); `python -m tests.fuzz.runner` draws dynamic ones too.
-@given(programs(allow_dynamic=False))
+@given(programs())
 def test_random_programs_match_eager(program: Program) -> None:
     source = repr(program)
     if source in FAILED:  # hypothesis runs a failing example again to report it

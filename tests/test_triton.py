@@ -278,3 +278,63 @@ def test_select_raises_when_every_config_fails():
     times = {a: RuntimeError("no"), b: ValueError("neither")}
     with pytest.raises(KernelCompileError, match="every candidate configuration failed"):
         autotune.select([a, b], _fake_runs(times), _bench)
+
+
+def test_repeated_layers_share_one_function_and_launcher(backend):
+    """Layers that generate the same kernel under other buffer names (a transformer's twelve)
+    load, build and tune one function, in one graph and across graphs."""
+    def layers(x, *ws):
+        for w in ws:
+            x = F.layer_norm(x @ w, (64,)).relu() + x
+        return x
+
+    x, ws = torch.randn(8, 64), [torch.randn(64, 64) for _ in range(4)]
+    report = check(layers, x, *ws, atol=1e-4, rtol=1e-4)
+    n_kernels = len(report.kernels)
+    assert n_kernels >= 4
+    assert len(backend._functions) < n_kernels and len(backend._functions) <= 3, backend._functions.keys()
+    before = len(backend._functions)
+    check(lambda x, w1, w2, w3: layers(x, w1, w2, w3), x, *ws[:3], atol=1e-4, rtol=1e-4)
+    # a new graph of three such layers: its middle layers are built already (its last one,
+    # which stores what the 4-layer graph's third recomputes, is new)
+    assert len(backend._functions) <= before + 1
+
+
+def test_canonical_kernel_source_ignores_names_only():
+    from coil_cuda_triton import dedup
+    from coil_cuda_triton.codegen import KernelSource
+    import sympy
+    a = KernelSource("k3_add", "@jit\ndef k3_add(p_buf4, p_arg0):\n    t = tl.load(p_buf4) + buf4_m\n",
+                     ["p_buf4", "p_arg0"], ["*fp32", "*fp32"], "pointwise", sympy.Integer(4),
+                     buffers=["buf4", "arg0"])
+    b = dataclasses.replace(a, name="k9_add", source=a.source.replace("k3_add", "k9_add")
+                            .replace("buf4", "buf17").replace("arg0", "arg2"),
+                            params=["p_buf17", "p_arg2"], buffers=["buf17", "arg2"])
+    c = dataclasses.replace(a, source=a.source.replace("tl.load(p_buf4)", "tl.load(p_arg0)"))
+    ca, cb = dedup.canonical(a), dedup.canonical(b)
+    assert ca.source == cb.source and ca.name == cb.name and ca.params == ["p_q0", "p_q1"]
+    assert f"def {ca.name}(p_q0, p_q1)" in ca.source and ca.buffers == ["q0", "q1"]
+    assert dedup.canonical(c).name != ca.name
+
+
+def test_kernels_of_one_text_but_other_sizes_or_dtypes_stay_apart(backend):
+    """An unmasked pointwise kernel's text leaves its length out (it sets the grid only), and
+    a load's dtype comes from its pointer: such kernels must not share a launcher."""
+    def f(a, b, c):
+        return torch.sin(a) * 2, torch.sin(b) * 2, torch.sin(c) * 2
+
+    a, b = torch.randn(4096), torch.randn(8192)
+    c = torch.randn(4096, dtype=torch.float64)
+    report = check(f, a, b, c)
+    assert len(report.kernels) == 1 or len(backend._functions) == len(report.kernels)
+
+
+def test_dynamic_launch_size_in_a_torch_function(backend):
+    """The launcher computes a kernel's length in Python: ``Max``/``//`` in it must be spelled
+    as Python, not as Triton (``tl.maximum``), found on the H200."""
+    x = torch.randn(2, 4, 1, 6, requires_grad=True)
+    fn = lambda a: a.chunk(2, 3)[0] * 2  # noqa: E731
+    out = torch.compile(fn, backend="coil", dynamic=True)(x)
+    torch.testing.assert_close(out, fn(x))
+    out.sum().backward()
+    check(lambda a: F.max_pool2d(a, 2, ceil_mode=True).sin(), torch.randn(2, 3, 9, 7), dynamic=True)

@@ -13,7 +13,7 @@ import torch
 
 import coil.sdk as sdk
 
-from . import autotune, compile_pool, loader
+from . import autotune, compile_pool, dedup, loader
 from .codegen import KernelSource, KernelWriter
 from .launch import Launcher
 from .special import special_kernel
@@ -87,6 +87,9 @@ class TritonBackend(sdk.DeviceBackend):
             graph_capture=not interpret, autotune=True, compiler="triton",
             compiler_version=_triton_version())
         self._launchers: list[Launcher] = []
+        #: Canonical function name -> the loaded function; (name, mutated args) -> its launcher.
+        self._functions: dict[str, Any] = {}
+        self._shared: dict[tuple[str, tuple[int, ...]], Launcher] = {}
         #: Every kernel generated so far (CI compiles each ahead of time for Hopper).
         self.generated: list[tuple[KernelSource, Any]] = []
 
@@ -112,31 +115,45 @@ class TritonBackend(sdk.DeviceBackend):
         return bool(options.bounds_check) if options is not None else False
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
+        """Generate, load and build ``kernels``. Kernels that differ only in names (a model's
+        repeated layers) share one canonical function and launcher (:mod:`.dedup`), built and
+        tuned once per process."""
         parts = [self.generate(k) for k in kernels]
+        readable = {k.name: "\n".join(s.source for s in srcs) for k, srcs in zip(kernels, parts)}
+        canon = [[dedup.canonical(s) for s in srcs] for srcs in parts]
+        new: dict[str, KernelSource] = {}
+        for srcs in canon:
+            for src in srcs:
+                if src.name not in self._functions:
+                    new.setdefault(src.name, src)
         header = "# Coil Triton kernels of " + graph_name + "\n"
-        text = header + "\n\n".join(s.source for srcs in parts for s in srcs)
-        module = loader.load(text, self.interpret)
-        compiled = CompiledModule(text, {k.name: "\n".join(s.source for s in srcs)
-                                         for k, srcs in zip(kernels, parts)})
+        text = header + "\n\n".join(s.source for s in new.values())
+        if new:
+            module = loader.load(text, self.interpret)
+            for name, src in new.items():
+                self._functions[name] = getattr(module, name)
+                self.generated.append((src, self._functions[name]))
+        compiled = CompiledModule(text, readable)
         device = self._device_name()
-        every: list[Launcher] = []
-        for srcs, k in zip(parts, kernels):
+        fresh: list[Launcher] = []
+        for srcs, k in zip(canon, kernels):
             launchers = []
             for src in srcs:
-                fn = getattr(module, src.name)
-                self.generated.append((src, fn))
-                launchers.append(Launcher(
-                    src, fn, interpret=self.interpret, mutated=_mutated_args(k), debug=self.bounds_check,
-                    tune_key=_key_fn(src.source, device, self.options_text()),
-                    tune_in_interpreter=self.tune_in_interpreter))
-            every += launchers
-            self._launchers += launchers
+                key = (src.name, tuple(_mutated_args(k)))
+                if key not in self._shared:
+                    self._shared[key] = Launcher(
+                        src, self._functions[src.name], interpret=self.interpret, mutated=key[1],
+                        debug=self.bounds_check, tune_key=_key_fn(src.source, device, self.options_text()),
+                        tune_in_interpreter=self.tune_in_interpreter)
+                    fresh.append(self._shared[key])
+                    self._launchers.append(self._shared[key])
+                launchers.append(self._shared[key])
             if srcs[0].workspaces:
                 compiled.launchers[k.name] = SplitLauncher(
                     launchers[0], launchers[1], len(k.inputs) + len(k.outputs), srcs[0].workspaces)
             else:
                 compiled.launchers[k.name] = launchers[0] if len(launchers) == 1 else Chain(launchers)
-        self._precompile(every, loader.source_path(text))
+        self._precompile(fresh, loader.source_path(text), set(new))
         if self.interpret:
             self._record_gpu_twin(kernels, graph_name)
         return compiled
@@ -151,9 +168,10 @@ class TritonBackend(sdk.DeviceBackend):
             "\n\n".join(s.source for s in sources)
         _record_manifest(loader.write(text), sources)
 
-    def _precompile(self, launchers: list[Launcher], path: str) -> None:
+    def _precompile(self, launchers: list[Launcher], path: str, in_file: set[str]) -> None:
         """Build what the first launches need: in the compile workers when they are up
-        (in parallel, into Triton's cache), then in-process (cache hits by then)."""
+        (in parallel, into Triton's cache; the functions ``in_file``, which the module at
+        ``path`` defines), then in-process (cache hits by then)."""
         if self.interpret or not launchers:
             return
         builds = {id(la): la.to_build() for la in launchers}
@@ -162,10 +180,13 @@ class TritonBackend(sdk.DeviceBackend):
         if compile_pool.ready() and sum(len(b) for b in builds.values()) > 1:
             jobs = []
             for la in launchers:
+                if la.src.name not in in_file:
+                    continue
                 fields = {"name": la.src.name, "params": la.src.params, "types": la.src.types,
                           "shape": la.src.shape, "buffers": la.src.buffers}
                 jobs += [[path, fields, cfg.__dict__, True, la.debug, major * 10 + minor] for cfg in builds[id(la)]]
-            compile_pool.build(jobs)
+            if jobs:
+                compile_pool.build(jobs)
         for la in launchers:
             la.precompile()
 

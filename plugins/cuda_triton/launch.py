@@ -244,8 +244,9 @@ def _block_within(n: int | None, most: int, masked: bool) -> int:
 
 def _size_fn(src: KernelSource, what: str) -> Callable[[tuple[int, ...]], int]:
     """A function of the size arguments giving ``xnumel`` (compiled from the expression)."""
-    from .indexing import text
+    from coil.sdk import ExprPrinter  # Python's spelling (the kernel's own is Triton's)
     expr = getattr(src, what)
     names = src.params[len(src.buffers):]
-    code = f"lambda {', '.join(['_sizes'])}: (lambda {', '.join(names) or '*_'}: int({text(expr)}))(*_sizes)"
+    text = ExprPrinter().print(expr)
+    code = f"lambda {', '.join(['_sizes'])}: (lambda {', '.join(names) or '*_'}: int({text}))(*_sizes)"
     return eval(code)  # noqa: S307 - our own generated expression over size names
