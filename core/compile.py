@@ -22,6 +22,7 @@ from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord
 from .memory import plan_memory
+from .pad_gemm import pad_gemms
 from .scheduler import FusionDecision, schedule
 from .wrapper import WrapperWriter
 
@@ -109,6 +110,11 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         return _compile_graph(gm, example_inputs, config, kind)
 
 
+def _gemm_alignment(reg: Any, device: torch.device) -> int:
+    backend = reg.backends.get(device.type)
+    return getattr(backend.capabilities, "gemm_alignment_bytes", 0) if backend is not None else 0
+
+
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
                    kind: str) -> Callable[[list[Any]], Any]:
     reg = plugins.registry()
@@ -118,6 +124,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
+    pad_gemms(gm, lambda device: _gemm_alignment(reg, device))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config).run()
     except LoweringError as exc:

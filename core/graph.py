@@ -100,14 +100,22 @@ def _selecting_targets() -> frozenset[Any]:
 
 def _recomputed_inexactly(node: torch.fx.Node, body: ir.Value) -> bool:
     """Whether ``node``'s value must be stored once rather than recomputed by each user: a
-    selecting op (a max, a sort) reads it, another user may compare with what it picked, and
-    its body calls the math library, whose scalar and vector variants (one per loop) may
-    differ in the last bit -- then ``tanh(x) == amax(tanh(x))`` would hold nowhere."""
+    selecting op (a max, a sort) reads it, another user compares it with something (what
+    was picked, in ``x == amax(x)``, autograd's mask for a max), and its body calls the math
+    library, whose scalar and vector variants (one per loop) may differ in the last bit --
+    then ``tanh(x) == amax(tanh(x))`` would hold nowhere."""
     from .ops import EXACT_OPS
-    selecting = _selecting_targets()
-    if not any(user.target in selecting for user in node.users):
+    targets = {user.target for user in node.users}
+    if not targets & _selecting_targets() or not targets & _comparison_targets():
         return False
     return any(isinstance(v, ir.Op) and v.name not in EXACT_OPS for v in ir.walk(body))
+
+
+@functools.lru_cache(maxsize=1)
+def _comparison_targets() -> frozenset[Any]:
+    aten = torch.ops.aten
+    packets = [aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge]
+    return frozenset(getattr(p, overload) for p in packets for overload in p.overloads())
 
 
 class GraphLowering:

@@ -20,6 +20,18 @@ from .symbolic import ExprPrinter
 log = logging.getLogger(__name__)
 
 
+def _reinterpret_fallback(t: torch.Tensor, size: Sequence[Any], stride: Sequence[Any],
+                          offset: Any) -> torch.Tensor:
+    return t.as_strided(size, stride, t.storage_offset() + offset)
+
+
+#: ``reinterpret(t, size, stride, offset)``: a view of ``t``'s storage, ``offset`` elements
+#: after ``t``'s own start; torch's C helper (no dispatch, ~1.5 us against as_strided's ~2.7).
+reinterpret: Callable[..., torch.Tensor] = getattr(
+    getattr(getattr(torch._C, "_dynamo", None), "guards", None), "_reinterpret_tensor", None) \
+    or _reinterpret_fallback
+
+
 def restride(t: torch.Tensor, size: Sequence[Any], stride: Sequence[Any]) -> torch.Tensor:
     """``t`` copied into the layout the generated code expects."""
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
@@ -67,10 +79,9 @@ class WrapperWriter:
         self.plan = plan
         self.launchers = launchers
         self.ns: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
-                                   "as_strided": torch.as_strided}
+                                   "reinterpret": reinterpret}
         self.w = CodeWriter()
         self.bound: set[str] = set()
-        self.allocated = {a.name for allocs in plan.allocs for a in allocs}
 
     def const(self, value: Any) -> str:
         if isinstance(value, bool) or value is None:
@@ -98,11 +109,10 @@ class WrapperWriter:
             return name
         size = ", ".join(py(s) for s in layout.size)
         stride = ", ".join(py(s) for s in layout.stride)
-        # buffers Coil allocates start at their storage; inputs and ATen results may not
-        base = f"{name}.storage_offset() + " if name not in self.allocated else ""
-        return (f"as_strided({name}, ({size}{',' if len(layout.size) == 1 else ''}), "
-                f"({stride}{',' if len(layout.stride) == 1 else ''}), "
-                f"{base}{py(layout.offset)})")
+        # the offset counts from the buffer's own start (buffers Coil allocates start at their
+        # storage's; inputs and ATen results may not)
+        return (f"reinterpret({name}, ({size}{',' if len(layout.size) == 1 else ''}), "
+                f"({stride}{',' if len(layout.stride) == 1 else ''}), {py(layout.offset)})")
 
     def arg(self, value: Any) -> str:
         if isinstance(value, ir.BufferRef):
@@ -193,7 +203,7 @@ class WrapperWriter:
         stride = ", ".join(py(s) for s in lay.stride)
         comma = "," if len(lay.size) == 1 else ""
         if alloc.reuse:
-            self.w.line(f"{alloc.name} = as_strided({alloc.reuse}, ({size}{comma}), ({stride}{comma}), 0)"
+            self.w.line(f"{alloc.name} = reinterpret({alloc.reuse}, ({size}{comma}), ({stride}{comma}), 0)"
                         f"  # reuses {alloc.reuse}")
             return
         dev = self.const(lay.device)
@@ -202,7 +212,8 @@ class WrapperWriter:
 
     def _extern(self, node: ir.ExternNode, dead: set[str]) -> None:
         """An ATen call; ``dead``: its outputs nothing reads (freed at once)."""
-        op = self.const(node.op)
+        # an OpOverload's bound C++ callable: what its Python __call__ calls, minus ~4 us
+        op = self.const(getattr(node.op, "_op", node.op))
         args = [self.arg(a) for a in node.args] + [f"{k}={self.arg(v)}" for k, v in node.kwargs.items()]
         call = f"{op}({', '.join(args)})"
         if len(node.output_names) == 1 and node.output_paths[0] == ():

@@ -38,6 +38,9 @@ class Capabilities:
     dynamic_shapes: bool = True
     #: Whether backward graphs (training) compile for this device.
     backward: bool = True
+    #: Bytes the device's GEMM library wants every matrix row aligned to for its fast kernels
+    #: (tensor cores: 16); the core pads large 16-bit matmuls up to it. 0: never pad.
+    gemm_alignment_bytes: int = 0
     compiler: str = ""
     compiler_version: str = ""
 

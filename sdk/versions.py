@@ -59,6 +59,10 @@ HISTORY: tuple[Release, ...] = (
                "checksums validated before use, bad entries quarantined, LRU eviction) that "
                "`coil cache stats|clear` manages"),
     )),
+    Release("0.4.0", (
+        Change("Capabilities.gemm_alignment_bytes: the core pads large 16-bit matmuls whose "
+               "inner or output width is not a multiple of it (0, the default: never)"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -338,3 +338,25 @@ def test_dynamic_launch_size_in_a_torch_function(backend):
     torch.testing.assert_close(out, fn(x))
     out.sum().backward()
     check(lambda a: F.max_pool2d(a, 2, ceil_mode=True).sin(), torch.randn(2, 3, 9, 7), dynamic=True)
+
+
+def test_misaligned_half_precision_matmuls_are_padded(backend):
+    """A bf16 linear 1001 wide (inner width 100) runs padded to 1008 (and 104): the GEMM
+    library's fast kernels want 16-byte rows (``Capabilities.gemm_alignment_bytes``)."""
+    lin = torch.nn.Linear(100, 1001).to(torch.bfloat16)
+    x = torch.randn(256, 100, dtype=torch.bfloat16)
+
+    def f(x):
+        return (lin(x).float() * 2).softmax(-1), lin(x) @ torch.ones(1001, 8, dtype=torch.bfloat16)
+
+    with torch.no_grad():
+        report = check(f, x, atol=2e-2, rtol=2e-2)
+    source = report.graphs[0].wrapper_source
+    assert "1008" in source and "104" in source, source
+
+
+def test_aligned_or_small_matmuls_are_not_padded(backend):
+    lin = torch.nn.Linear(64, 1001).to(torch.bfloat16)
+    with torch.no_grad():
+        report = check(lin, torch.randn(4, 64, dtype=torch.bfloat16), atol=2e-2, rtol=2e-2)
+    assert "1008" not in report.graphs[0].wrapper_source

@@ -84,7 +84,7 @@ class TritonBackend(sdk.DeviceBackend):
         self.capabilities = sdk.Capabilities(
             vector_width=32, reductions=frozenset(sdk.REDUCTION_TYPES),
             reduction_strategies=frozenset({"persistent", "looped"}), memory_transaction_bytes=128,
-            graph_capture=not interpret, autotune=True, compiler="triton",
+            graph_capture=not interpret, autotune=True, compiler="triton", gemm_alignment_bytes=16,
             compiler_version=_triton_version())
         self._launchers: list[Launcher] = []
         #: Canonical function name -> the loaded function; (name, mutated args) -> its launcher.
