@@ -360,3 +360,19 @@ def test_aligned_or_small_matmuls_are_not_padded(backend):
     with torch.no_grad():
         report = check(lin, torch.randn(4, 64, dtype=torch.bfloat16), atol=2e-2, rtol=2e-2)
     assert "1008" not in report.graphs[0].wrapper_source
+
+
+def test_launch_parameter_block_layout():
+    """The raw launcher's parameter block: one slot per parameter in signature order (pointers
+    and i64 sizes 8 bytes, i32 sizes 4), then Triton's two null scratch pointers."""
+    import ctypes
+    from coil_cuda_triton.raw_launch import Params
+    block = Params(["*fp32", "*bf16", "i32", "i64", "i32"])
+    block.fill([16, 32], [3, 1 << 40, 7])
+    kinds = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int32,
+             ctypes.c_uint64, ctypes.c_uint64]
+    assert [k.from_address(a).value for k, a in zip(kinds, block.params)] == [16, 32, 3, 1 << 40, 7, 0, 0]
+    block.fill([48, 64], [5, 2, 9])
+    assert [k.from_address(a).value for k, a in zip(kinds, block.params)] == [48, 64, 5, 2, 9, 0, 0]
+    with pytest.raises(TypeError):
+        Params(["*fp32", "fp32"])

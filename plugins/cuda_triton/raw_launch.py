@@ -34,6 +34,43 @@ def usable(binary: Any) -> bool:
             and not getattr(md, "launch_pdl", False))
 
 
+class Params:
+    """The parameter block of one launch, filled in place: ``params`` (a ``void**``) points at
+    one slot per parameter, pointers and 64-bit sizes in one ``uint64`` array (filled by a
+    single slice assignment, in C), 32-bit sizes in an ``int32`` array, then Triton's two
+    scratch pointers (always null here)."""
+
+    def __init__(self, types: Sequence[str]) -> None:
+        if any(not t.startswith("*") and t not in ("i64", "i32") for t in types):
+            raise TypeError(f"unsupported parameter types {types}")
+        self.n_ptrs = sum(t.startswith("*") for t in types)
+        sizes = list(types[self.n_ptrs:])
+        if any(t.startswith("*") for t in sizes):
+            raise TypeError(f"pointers must come first: {types}")
+        self.wide = (ctypes.c_uint64 * (self.n_ptrs + 2 + sum(t == "i64" for t in sizes)))()
+        self.narrow = (ctypes.c_int32 * max(1, sum(t == "i32" for t in sizes)))()
+        slots: list[int] = [ctypes.addressof(self.wide) + 8 * i for i in range(self.n_ptrs)]
+        #: per size argument: (array, index)
+        self.size_slots: list[tuple[Any, int]] = []
+        wide_next, narrow_next = self.n_ptrs + 2, 0
+        for t in sizes:
+            if t == "i64":
+                self.size_slots.append((self.wide, wide_next))
+                slots.append(ctypes.addressof(self.wide) + 8 * wide_next)
+                wide_next += 1
+            else:
+                self.size_slots.append((self.narrow, narrow_next))
+                slots.append(ctypes.addressof(self.narrow) + 4 * narrow_next)
+                narrow_next += 1
+        slots += [ctypes.addressof(self.wide) + 8 * self.n_ptrs, ctypes.addressof(self.wide) + 8 * (self.n_ptrs + 1)]
+        self.params = (ctypes.c_void_p * len(slots))(*slots)
+
+    def fill(self, ptrs: Sequence[int], sizes: Sequence[int]) -> None:
+        self.wide[:self.n_ptrs] = ptrs
+        for (array, i), v in zip(self.size_slots, sizes):
+            array[i] = v
+
+
 class RawLauncher:
     """``launcher(grid, stream, ptrs, sizes)`` for one binary; ``types`` are the signature
     types of the non-constexpr parameters (``*fp32``, ``i64``...), pointers first."""
@@ -45,21 +82,13 @@ class RawLauncher:
         _, self.function, _, _, _ = driver.active.utils.load_binary(binary.name, binary.kernel, md.shared, device)
         self.threads = 32 * md.num_warps
         self.shared = md.shared
-        self.is_ptr = [t.startswith("*") for t in types]
-        self.values: list[Any] = [ctypes.c_uint64() if p or t == "i64" else ctypes.c_int32()
-                                  for p, t in zip(self.is_ptr, types)]
-        if any(t not in ("i64", "i32") and not p for p, t in zip(self.is_ptr, types)):
-            raise TypeError(f"unsupported parameter types {types}")
-        self.values += [ctypes.c_uint64(0), ctypes.c_uint64(0)]  # global and profile scratch
-        self.params = (ctypes.c_void_p * len(self.values))(
-            *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in self.values])
+        self.block = Params(types)
         self.launch = _cuda().cuLaunchKernel
 
     def __call__(self, grid: int, stream: int, ptrs: Sequence[int], sizes: Sequence[int]) -> None:
         """Launch with the pointer values (already read) and the size arguments."""
-        values = self.values
-        for i, v in enumerate((*ptrs, *sizes)):
-            values[i].value = v
-        err = self.launch(self.function, grid, 1, 1, self.threads, 1, 1, self.shared, stream, self.params, None)
+        block = self.block
+        block.fill(ptrs, sizes)
+        err = self.launch(self.function, grid, 1, 1, self.threads, 1, 1, self.shared, stream, block.params, None)
         if err:
             raise RuntimeError(f"cuLaunchKernel failed with CUDA error {err}")
