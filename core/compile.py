@@ -22,6 +22,7 @@ from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord
 from .memory import plan_memory
+from .conv_layout import to_channels_last
 from .pad_gemm import pad_gemms
 from .scheduler import FusionDecision, schedule
 from .wrapper import WrapperWriter
@@ -110,9 +111,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         return _compile_graph(gm, example_inputs, config, kind)
 
 
-def _gemm_alignment(reg: Any, device: torch.device) -> int:
+def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
+    """A field of the ``Capabilities`` of ``device``'s backend (``default`` without one)."""
     backend = reg.backends.get(device.type)
-    return getattr(backend.capabilities, "gemm_alignment_bytes", 0) if backend is not None else 0
+    return getattr(backend.capabilities, name, default) if backend is not None else default
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
@@ -124,7 +126,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
-    pad_gemms(gm, lambda device: _gemm_alignment(reg, device))
+    if kind == "inference":
+        to_channels_last(gm, lambda device: _capability(reg, device, "conv_channels_last", False))
+    pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config).run()
     except LoweringError as exc:

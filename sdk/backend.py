@@ -41,6 +41,9 @@ class Capabilities:
     #: Bytes the device's GEMM library wants every matrix row aligned to for its fast kernels
     #: (tensor cores: 16); the core pads large 16-bit matmuls up to it. 0: never pad.
     gemm_alignment_bytes: int = 0
+    #: Whether the device's convolution library runs 2-D convolutions fastest channels-last
+    #: (cuDNN on tensor cores); the core then lays inference graphs' conv nets out so.
+    conv_channels_last: bool = False
     compiler: str = ""
     compiler_version: str = ""
 

@@ -62,6 +62,8 @@ HISTORY: tuple[Release, ...] = (
     Release("0.4.0", (
         Change("Capabilities.gemm_alignment_bytes: the core pads large 16-bit matmuls whose "
                "inner or output width is not a multiple of it (0, the default: never)"),
+        Change("Capabilities.conv_channels_last: the core lays out inference graphs' 2-D "
+               "convolutions (and the kernels between them) channels-last (default False)"),
     )),
 )
 

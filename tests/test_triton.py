@@ -376,3 +376,27 @@ def test_launch_parameter_block_layout():
     assert [k.from_address(a).value for k, a in zip(kinds, block.params)] == [48, 64, 5, 2, 9, 0, 0]
     with pytest.raises(TypeError):
         Params(["*fp32", "fp32"])
+
+
+def test_inference_conv_nets_run_channels_last(backend):
+    """The Triton device declares ``conv_channels_last``: an inference graph's convolutions get
+    channels-last operands, the kernels between them keep that layout, and the outputs keep
+    eager's strides."""
+    import torch.nn as nn
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                      nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.SiLU()).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        report = check(m, x, atol=1e-4, rtol=1e-4)
+        assert report.result.is_contiguous()
+    source = report.graphs[0].wrapper_source
+    assert "(2048, 1, 128, 8)" in source, source  # an 8-channel 16x16 activation, channels-last
+    assert source.count("restride(") == source.count("if ")  # checks only, no copies planned
+
+
+def test_training_graphs_keep_eager_conv_layouts(backend):
+    import torch.nn as nn
+    m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    report = coil.explain(lambda x: m(x).sum(), x)
+    assert "(512, 1, 64, 8)" not in report.graphs[0].wrapper_source
