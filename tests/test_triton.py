@@ -340,19 +340,22 @@ def test_dynamic_launch_size_in_a_torch_function(backend):
     check(lambda a: F.max_pool2d(a, 2, ceil_mode=True).sin(), torch.randn(2, 3, 9, 7), dynamic=True)
 
 
-def test_misaligned_half_precision_matmuls_are_padded(backend):
-    """A bf16 linear 1001 wide (inner width 100) runs padded to 1008 (and 104): the GEMM
-    library's fast kernels want 16-byte rows (``Capabilities.gemm_alignment_bytes``)."""
-    lin = torch.nn.Linear(100, 1001).to(torch.bfloat16)
-    x = torch.randn(256, 100, dtype=torch.bfloat16)
+def test_misaligned_half_precision_matmuls_are_padded(backend, monkeypatch):
+    """A bf16 linear 33 wide (inner width 20) runs padded to 40 (and 24): the GEMM library's
+    fast kernels want 16-byte rows (``Capabilities.gemm_alignment_bytes``). Matmuls below
+    ``MIN_FLOPS`` are left alone (lowered here so that a small one is padded)."""
+    from coil import pad_gemm
+    monkeypatch.setattr(pad_gemm, "MIN_FLOPS", 1)
+    lin = torch.nn.Linear(20, 33).to(torch.bfloat16)
+    x = torch.randn(8, 20, dtype=torch.bfloat16)
 
     def f(x):
-        return (lin(x).float() * 2).softmax(-1), lin(x) @ torch.ones(1001, 8, dtype=torch.bfloat16)
+        return (lin(x).float() * 2).softmax(-1), lin(x) @ torch.ones(33, 8, dtype=torch.bfloat16)
 
     with torch.no_grad():
         report = check(f, x, atol=2e-2, rtol=2e-2)
     source = report.graphs[0].wrapper_source
-    assert "1008" in source and "104" in source, source
+    assert "(40,)" in source and "(8, 24)" in source, source
 
 
 def test_aligned_or_small_matmuls_are_not_padded(backend):
@@ -379,10 +382,11 @@ def test_launch_parameter_block_layout():
 
 
 def test_inference_conv_nets_run_channels_last(backend):
-    """The Triton device declares ``conv_channels_last``: an inference graph's convolutions get
-    channels-last operands, the kernels between them keep that layout, and the outputs keep
+    """A device declaring ``conv_channels_last`` gets channels-last operands for an inference
+    graph's convolutions, the kernels between them keep that layout, and the outputs keep
     eager's strides."""
     import torch.nn as nn
+    backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
                       nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.SiLU()).eval()
     x = torch.randn(2, 3, 16, 16)
@@ -396,6 +400,7 @@ def test_inference_conv_nets_run_channels_last(backend):
 
 def test_training_graphs_keep_eager_conv_layouts(backend):
     import torch.nn as nn
+    backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
     report = coil.explain(lambda x: m(x).sum(), x)
