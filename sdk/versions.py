@@ -64,6 +64,8 @@ HISTORY: tuple[Release, ...] = (
                "inner or output width is not a multiple of it (0, the default: never)"),
         Change("Capabilities.conv_channels_last: the core lays out inference graphs' 2-D "
                "convolutions (and the kernels between them) channels-last (default False)"),
+        Change("coil.sdk.canonical: Renamer, canonical_text and digest_name, for code writers "
+               "that build each distinct kernel once (kernels differing only in names)"),
     )),
 )
 

@@ -335,3 +335,19 @@ def test_chained_channel_shuffles_keep_index_expressions_small():
 
     report = check(f, torch.randn(2, 16, 4, 4))
     assert max(len(k.source) for k in report.kernels) < 20_000
+
+
+@pytest.mark.skipif(TEST_BACKEND != "cpu_cpp", reason="the C++ plugin's translation unit")
+def test_repeated_layers_compile_one_cpp_function_each(tmp_path):
+    """Kernels that differ only in names share one canonical C++ function (compiled once)."""
+    def layers(x, *ws):
+        for w in ws:
+            x = F.layer_norm(x @ w, (64,)).relu() + x
+        return x
+
+    x, ws = torch.randn(8, 64), [torch.randn(64, 64) for _ in range(6)]
+    with coil.config.override(debug_dir=str(tmp_path)):
+        report = check(layers, x, *ws, atol=1e-4, rtol=1e-4)
+    (unit,) = tmp_path.glob("*/kernels_cpu.txt")
+    functions = unit.read_text().count('extern "C" void')
+    assert len(report.kernels) >= 6 and functions <= 2, (len(report.kernels), functions)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import coil.sdk as sdk
+from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
 
 from . import toolchain
 from .codegen import KernelWriter
@@ -39,33 +40,45 @@ class CppBackend(sdk.DeviceBackend):
         import os
         self.capabilities = sdk.Capabilities(vector_width=16, compiler=os.environ.get("CXX", "g++"))
 
-    def generate(self, kernels: Sequence[sdk.Kernel]) -> tuple[str, list[str], dict[str, str]]:
-        bodies: list[str] = []
-        decls: list[str] = []
+    def generate(self, kernels: Sequence[sdk.Kernel]) -> tuple[str, list[str], dict[str, str], dict[str, str]]:
+        """The translation unit, its declarations, each kernel's readable source, and each
+        kernel's function in the unit: kernels that differ only in names (a model's repeated
+        layers) share one canonical function (:mod:`coil.sdk.canonical`), compiled once."""
+        bodies: dict[str, str] = {}
+        decls: dict[str, str] = {}
         per_kernel: dict[str, str] = {}
+        functions: dict[str, str] = {}
         for k in kernels:
             text, decl = KernelWriter(k, k.name).generate()
-            bodies.append(text)
-            decls.append(decl)
             per_kernel[k.name] = text
+            renamer = Renamer()
+            body = canonical_text(text, k.name, renamer)
+            name = digest_name("k_", body)
+            functions[k.name] = name
+            if name not in bodies:
+                bodies[name] = body.replace(PLACEHOLDER, name)
+                decls[name] = canonical_text(decl, k.name, renamer).replace(PLACEHOLDER, name)
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
-                            toolchain.vector_math_prelude(), "", *bodies])
-        return source, decls, per_kernel
+                            toolchain.vector_math_prelude(), "", *bodies.values()])
+        return source, list(decls.values()), per_kernel, functions
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
         import cffi
-        source, decls, per_kernel = self.generate(kernels)
+        source, decls, per_kernel, functions = self.generate(kernels)
         path = toolchain.library_for(source, shlex.split(self.options.extra_cflags),
                                      f"{self.options_key()}|{self.capabilities.cache_key()}")
         ffi = cffi.FFI()
         ffi.cdef("\n".join(decls))
         lib = ffi.dlopen(str(path))
-        return CompiledModule(lib, str(path), per_kernel, source)
+        module = CompiledModule(lib, str(path), per_kernel, source)
+        for kernel_name, function in functions.items():
+            setattr(module, kernel_name, getattr(lib, function))  # what the wrapper calls
+        return module
 
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)
         parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])
-        return f"{module_var}.lib.{kernel.name}({', '.join(parts)})"
+        return f"{module_var}.{kernel.name}({', '.join(parts)})"
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")
