@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.3.0"  # uses DeviceBackend.Options, DiskCache
+    return "0.4.0"  # uses DeviceBackend.Options, DiskCache, coil.sdk.canonical
 
 
 @sdk.hookimpl

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.3.0"  # uses Check.skip, DiskCache
+    return "0.4.0"  # uses Check.skip, DiskCache, coil.sdk.canonical, gemm_alignment_bytes
 
 
 @sdk.hookimpl
