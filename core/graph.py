@@ -19,6 +19,7 @@ from .ir import Expr, Layout
 from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
 from .lowering.context import FallbackRecord, layout_from_meta
 from .lowering.values import Lazy, to_sympy
+from .ops import EXACT_OPS
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -87,15 +88,18 @@ def _index_size(body: ir.Value) -> int:
     return max((sum(1 for _ in sympy.preorder_traversal(ld.index)) for ld in ir.loads(body)), default=0)
 
 
-@functools.lru_cache(maxsize=1)
-def _selecting_targets() -> frozenset[Any]:
-    """Ops that pick some of their input's elements (by value), whose gradients and uses
-    compare the picked values with the input again (``x == amax(x)``)."""
-    aten = torch.ops.aten
-    names = ("amax", "amin", "max", "min", "sort", "topk", "kthvalue", "median", "nanmedian",
-             "mode", "cummax", "cummin", "argmax", "argmin")
-    packets = [getattr(aten, n) for n in names]
+@functools.lru_cache(maxsize=None)
+def _overloads(*names: str) -> frozenset[Any]:
+    """Every overload of the ATen ops ``names``."""
+    packets = [getattr(torch.ops.aten, n) for n in names]
     return frozenset(getattr(p, overload) for p in packets for overload in p.overloads())
+
+
+#: Ops that pick some of their input's elements by value; their gradients and uses compare
+#: the picked values with the input again (``x == amax(x)``).
+_SELECTING = ("amax", "amin", "max", "min", "sort", "topk", "kthvalue", "median", "nanmedian",
+              "mode", "cummax", "cummin", "argmax", "argmin")
+_COMPARING = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
 def _recomputed_inexactly(node: torch.fx.Node, body: ir.Value) -> bool:
@@ -104,18 +108,10 @@ def _recomputed_inexactly(node: torch.fx.Node, body: ir.Value) -> bool:
     was picked, in ``x == amax(x)``, autograd's mask for a max), and its body calls the math
     library, whose scalar and vector variants (one per loop) may differ in the last bit --
     then ``tanh(x) == amax(tanh(x))`` would hold nowhere."""
-    from .ops import EXACT_OPS
     targets = {user.target for user in node.users}
-    if not targets & _selecting_targets() or not targets & _comparison_targets():
+    if not targets & _overloads(*_SELECTING) or not targets & _overloads(*_COMPARING):
         return False
     return any(isinstance(v, ir.Op) and v.name not in EXACT_OPS for v in ir.walk(body))
-
-
-@functools.lru_cache(maxsize=1)
-def _comparison_targets() -> frozenset[Any]:
-    aten = torch.ops.aten
-    packets = [aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge]
-    return frozenset(getattr(p, overload) for p in packets for overload in p.overloads())
 
 
 class GraphLowering:
@@ -244,10 +240,11 @@ class GraphLowering:
         if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
                                     or _recomputed_inexactly(node, body)):
             return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
-        if _index_size(body) > INDEX_SIZE_LIMIT:
+        index_size = _index_size(body)
+        if index_size > INDEX_SIZE_LIMIT:
             # chained views (channel shuffles) compose index expressions that grow with every
             # link; past this size simplifying and compiling them costs more than a copy
-            log.debug("storing %s: an index expression of %d nodes", node.name, _index_size(body))
+            log.debug("storing %s: an index expression of %d nodes", node.name, index_size)
             return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
         return result
 

@@ -24,15 +24,15 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from opinfo_fixtures import _quiet_torch_trace_log, counting_backend  # noqa: F401 (fixtures)
 from opinfo_harness import (
     FULL,
     TIMEOUT_S,
-    default_backend_name,
     env_samples,
     CI_OPS,
     DEFAULT_SAMPLES,
@@ -41,12 +41,9 @@ from opinfo_harness import (
     assert_op_matches_eager,
     eligible_ops,
     find_ops,
-    quiet_trace_log,
-    resolve_backend,
     run_op,
 )
 
-BACKEND_NAME: str = default_backend_name()
 NUM_SAMPLES: int = env_samples(DEFAULT_SAMPLES)
 
 
@@ -55,19 +52,6 @@ def _op_names() -> list[str]:
     if FULL:
         return [op.full_name for op in eligible_ops()]
     return list(CI_OPS)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_torch_trace_log() -> Iterator[None]:
-    """Keep torch's structured-trace records out of failure reports."""
-    with quiet_trace_log():
-        yield
-
-
-@pytest.fixture(scope="module")
-def counting_backend() -> CountingBackend:
-    """The backend under test, wrapped to count graphs that reach it."""
-    return CountingBackend(resolve_backend(BACKEND_NAME))
 
 
 @pytest.mark.parametrize(

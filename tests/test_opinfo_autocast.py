@@ -7,15 +7,15 @@ CI runs ``CI_OPS`` plus the autocast-listed ops (:data:`AUTOCAST_EXTRA_OPS`), on
 (the nightly figure: ``python tests/opinfo_harness.py --mode autocast --all``)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from opinfo_fixtures import _quiet_torch_trace_log, counting_backend  # noqa: F401 (fixtures)
 from opinfo_harness import (
     FULL,
     TIMEOUT_S,
-    default_backend_name,
     env_samples,
     CI_OPS,
     CountingBackend,
@@ -24,15 +24,12 @@ from opinfo_harness import (
     assert_op_matches_eager,
     find_ops,
     mode_ops,
-    quiet_trace_log,
-    resolve_backend,
     run_op,
 )
 
 from coil.sdk.testing.compare import Mismatch, compare_with_reference
 from coil.sdk.testing.opinfo_modes import AUTOCAST_TOLERANCE
 
-BACKEND_NAME: str = default_backend_name()
 NUM_SAMPLES: int = env_samples(1)
 
 #: Ops CPU autocast runs in bfloat16 (or whose composite bodies do) that ``CI_OPS`` lacks.
@@ -45,17 +42,6 @@ def _op_names() -> list[str]:
     if FULL:
         return [op.full_name for op in mode_ops(Mode.AUTOCAST)]
     return list(CI_OPS) + list(AUTOCAST_EXTRA_OPS)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_torch_trace_log() -> Iterator[None]:
-    with quiet_trace_log():
-        yield
-
-
-@pytest.fixture(scope="module")
-def counting_backend() -> CountingBackend:
-    return CountingBackend(resolve_backend(BACKEND_NAME))
 
 
 @pytest.mark.parametrize("op_name", _op_names())

@@ -9,15 +9,15 @@ each; ``COIL_OPINFO_FULL=1`` runs every eligible op and ``COIL_OPINFO_SAMPLES`` 
 samples (the nightly figure: ``python tests/opinfo_harness.py --mode grad --all``)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from opinfo_fixtures import _quiet_torch_trace_log, counting_backend  # noqa: F401 (fixtures)
 from opinfo_harness import (
     FULL,
     TIMEOUT_S,
-    default_backend_name,
     env_samples,
     CI_OPS,
     CountingBackend,
@@ -26,14 +26,11 @@ from opinfo_harness import (
     assert_op_matches_eager,
     find_ops,
     mode_ops,
-    quiet_trace_log,
-    resolve_backend,
     run_op,
 )
 
 from coil.sdk.testing.opinfo_grad import grad_case
 
-BACKEND_NAME: str = default_backend_name()
 #: One sample per op in CI: each costs a forward and a backward compile.
 NUM_SAMPLES: int = env_samples(1)
 
@@ -45,17 +42,6 @@ GRAD_CI_OPS: tuple[str, ...] = tuple(
 
 def _op_names() -> list[str]:
     return [op.full_name for op in mode_ops(Mode.GRAD)] if FULL else list(GRAD_CI_OPS)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_torch_trace_log() -> Iterator[None]:
-    with quiet_trace_log():
-        yield
-
-
-@pytest.fixture(scope="module")
-def counting_backend() -> CountingBackend:
-    return CountingBackend(resolve_backend(BACKEND_NAME))
 
 
 @pytest.mark.parametrize("op_name", _op_names())

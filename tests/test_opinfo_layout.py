@@ -7,15 +7,15 @@ eligible op and ``COIL_OPINFO_SAMPLES`` sets the samples (the nightly figure:
 ``python tests/opinfo_harness.py --mode layout --all``)."""
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from opinfo_fixtures import _quiet_torch_trace_log, counting_backend  # noqa: F401 (fixtures)
 from opinfo_harness import (
     FULL,
     TIMEOUT_S,
-    default_backend_name,
     env_samples,
     CI_OPS,
     CountingBackend,
@@ -24,15 +24,12 @@ from opinfo_harness import (
     assert_op_matches_eager,
     find_ops,
     mode_ops,
-    quiet_trace_log,
-    resolve_backend,
     run_op,
 )
 
 from coil.sdk.testing.opinfo_layout import OFFSET, VARIANTS, layout_variants
 from coil.sdk.testing.opinfo_modes import select_cases
 
-BACKEND_NAME: str = default_backend_name()
 NUM_SAMPLES: int = env_samples(1)
 
 #: ``CI_OPS`` less the factories, which take no tensor to re-stride.
@@ -41,17 +38,6 @@ LAYOUT_CI_OPS: tuple[str, ...] = tuple(name for name in CI_OPS if name not in ("
 
 def _op_names() -> list[str]:
     return [op.full_name for op in mode_ops(Mode.LAYOUT)] if FULL else list(LAYOUT_CI_OPS)
-
-
-@pytest.fixture(autouse=True)
-def _quiet_torch_trace_log() -> Iterator[None]:
-    with quiet_trace_log():
-        yield
-
-
-@pytest.fixture(scope="module")
-def counting_backend() -> CountingBackend:
-    return CountingBackend(resolve_backend(BACKEND_NAME))
 
 
 @pytest.mark.parametrize("op_name", _op_names())
