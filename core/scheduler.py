@@ -12,6 +12,7 @@ import sympy
 
 from . import config, ir
 from .graph import LoweredGraph
+from .loop_order import memory_order, permute
 from .kernel import Kernel, KernelNode, Loop
 from .symbolic import simplify_index
 
@@ -318,6 +319,7 @@ class Scheduler:
                 level, body, store = self._place(node, (group.x, group.r))
                 stores = tuple(self._storage(o) for o in node.outputs())
                 knodes.append(KernelNode(node, level, body, store, stores))
+        knodes = [_resolve_storage(kn, self._storage) for kn in knodes]
         loops = _loops(knodes)
         written = {o for n in members for o in n.outputs()}
         internal = set()
@@ -326,12 +328,16 @@ class Scheduler:
                 continue
             if _local_to_loop(buf, loops):
                 internal.add(buf)
-        knodes = [_resolve_storage(kn, self._storage) for kn in knodes]
         outputs = sorted({self._storage(b) for b in written} - internal, key=_natural)
         reads: set[str] = set()
         for i in group.members:
             reads |= {self._storage(r) for r in self.reads[i]}
         inputs = sorted(reads - written - set(outputs), key=_natural)
+        x_ranges = tuple(group.x)
+        perm = memory_order(x_ranges, knodes, set(outputs)) if special is None else None
+        if perm is not None:
+            x_ranges, knodes = permute(perm, x_ranges, knodes)
+            loops = _loops(knodes)
         symbols: set[sympy.Symbol] = set()
         exprs = list(group.x) + list(group.r)
         for kn in knodes:
@@ -347,7 +353,7 @@ class Scheduler:
         dtypes = {b: self.graph.buffers[b].layout.dtype for b in
                   set(inputs) | set(outputs) | internal if b in self.graph.buffers}
         origins = tuple(dict.fromkeys(o for n in members for o in n.origins))
-        return Kernel(name, tuple(group.x), tuple(group.r), knodes, loops, inputs, outputs, internal,
+        return Kernel(name, x_ranges, tuple(group.r), knodes, loops, inputs, outputs, internal,
                       sorted(symbols, key=lambda s: s.name), dtypes, origins, special)
 
 

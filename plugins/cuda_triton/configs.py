@@ -75,9 +75,18 @@ def _persistent(xnumel: int | None, rnumel: int) -> list[Config]:
     return list(dict.fromkeys(out))[-3:]
 
 
+#: Programs below which a looped reduction leaves much of an H200 (132 SMs) idle.
+FEW_PROGRAMS = 264
+
+
 def _looped(xnumel: int | None, rnumel: int | None, x_contiguous: bool) -> list[Config]:
     if x_contiguous:
-        return [Config(64, 16, num_warps=4), Config(32, 32, num_warps=4)]
+        out = [Config(64, 16, num_warps=4), Config(32, 32, num_warps=4)]
+        if xnumel is not None and rnumel is not None and -(-xnumel // 32) < FEW_PROGRAMS and rnumel >= 1024:
+            # few kept points (a channels-last pooling: N*C of them) over long columns: narrower
+            # tiles give more programs to fill the GPU
+            out += [Config(16, 64, num_warps=4), Config(8, 128, num_warps=4)]
+        return out
     if rnumel is not None and rnumel < 1024:
         r = pow2_at_least(rnumel)
         return [Config(1, r, num_warps=_warps(r))]
