@@ -22,6 +22,7 @@ from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord
 from .memory import plan_memory
+from .conv_bias import split_conv_bias
 from .conv_layout import to_channels_last
 from .pad_gemm import pad_gemms
 from .scheduler import FusionDecision, schedule
@@ -126,6 +127,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
+    split_conv_bias(gm)
     if kind == "inference":
         to_channels_last(gm, lambda device: _capability(reg, device, "conv_channels_last", False))
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))

@@ -19,7 +19,7 @@ triton_cache=$(mktemp -d -t coil-triton-pass.XXXXXX)
 trap 'rm -rf "$triton_cache"' EXIT
 echo "coil: differential tests through the Triton plugin (interpreted), then AOT for sm_90" >&2
 COIL_CACHE_DIR="$triton_cache" COIL_TEST_BACKEND=triton TRITON_INTERPRET=1 \
-  .venv/bin/python -m pytest -q -p no:logging tests/test_compile.py tests/test_training.py tests/test_opinfo.py \
+  .venv/bin/python -m pytest -q -p no:logging tests/test_compile.py tests/test_training.py tests/test_opinfo.py tests/test_loop_order.py tests/test_conv_bias.py \
   || status=$?
 env -u TRITON_INTERPRET .venv/bin/python -m coil_cuda_triton.aot "$triton_cache" || status=$?
 exit "$status"
