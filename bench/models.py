@@ -19,7 +19,12 @@ backend in turn on a deep copy of the same randomly initialised model:
   around each call on cuda, ``perf_counter`` (after a synchronize) on cpu.  Modes:
   ``infer`` float32 forward in ``eval()`` under ``no_grad``; ``infer-bf16`` the same under
   ``torch.autocast(device, torch.bfloat16)``; ``train`` one step (zero_grad, forward with
-  labels, the model's loss, backward, SGD step) in ``train()`` mode.
+  labels, the model's loss, backward, SGD step) in ``train()`` mode; ``train-bf16`` the same
+  with the forward and loss under bf16 autocast.
+* ``peak MiB``: on cuda, the most memory allocated during the timed calls above what was
+  allocated before them (activations, workspaces, gradients; not the model's weights).
+* Coil's JSON record also holds ``coil_stages``: seconds per compile stage summed over the
+  graphs of the first call, with the graph and kernel counts.
 * ``cos``: accuracy of the first call against eager's, by cosine similarity (``cos`` is the
   smallest over the outputs; in ``train`` over the loss and every parameter gradient of the
   first step), plus the verdict of ``tests/models/check.py``'s tolerances (float32:
@@ -63,7 +68,7 @@ from models import check, zoo  # noqa: E402  (tests/models, put on sys.path abov
 log = logging.getLogger("bench.models")
 
 MARKER = "@@coil-models@@ "
-MODES = ("infer", "infer-bf16", "train")
+MODES = ("infer", "infer-bf16", "train", "train-bf16")
 EAGER = "eager"
 
 
@@ -101,11 +106,11 @@ class Clock:
 
 
 def _grad_context(mode: str) -> contextlib.AbstractContextManager[Any]:
-    return torch.enable_grad() if mode == "train" else torch.no_grad()
+    return torch.enable_grad() if mode.startswith("train") else torch.no_grad()
 
 
 def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    if mode == "infer-bf16":
+    if mode.endswith("-bf16"):
         return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
@@ -115,9 +120,9 @@ def make_step(built: zoo.Built, mode: str, backend: str, device: torch.device
     """A call of ``mode`` on a fresh copy of the model through ``backend``; it returns the
     tensors to compare with eager (outputs, or loss and gradients)."""
     model = copy.deepcopy(built.model)
-    model.train(mode == "train")
+    model.train(mode.startswith("train"))
     fn = model if backend == EAGER else torch.compile(model, backend=backend)
-    if mode != "train":
+    if not mode.startswith("train"):
         def infer() -> list[tuple[str, torch.Tensor]]:
             with torch.no_grad(), _autocast(mode, device):
                 return list(check.flatten_output(fn(*built.args, **built.kwargs)))
@@ -127,7 +132,8 @@ def make_step(built: zoo.Built, mode: str, backend: str, device: torch.device
 
     def train() -> list[tuple[str, torch.Tensor]]:
         opt.zero_grad(set_to_none=True)
-        loss = built.loss_fn(fn(*built.args, **kwargs))
+        with _autocast(mode, device):
+            loss = built.loss_fn(fn(*built.args, **kwargs))
         loss.backward()
         grads = [(f"grad.{n}", p.grad) for n, p in model.named_parameters() if p.grad is not None]
         opt.step()
@@ -151,26 +157,57 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
                 ) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
     """First call (compile), accuracy against ``reference``, then timing."""
     step, model = make_step(built, mode, backend, device)
-    with _grad_context(mode):
+    with _grad_context(mode), _coil_stages(backend) as stages:
         clock.sync()
         t0 = time.perf_counter()
         first = step()
         clock.sync()
         record: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
+        if stages:
+            record["coil_stages"] = dict(stages)
         # Detached copies: the training step's next zero_grad drops these gradients.
         first = [(n, t.detach().clone()) for n, t in first]
         if reference is not None:
-            tol = check.BF16_AUTOCAST if mode == "infer-bf16" else check.FP32
+            tol = check.BF16_AUTOCAST if mode.endswith("-bf16") else check.FP32
             record.update(accuracy(first, reference, tol))
         if not accuracy_only:
             with _timing_lock():
                 for _ in range(2):
                     step()
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                    before = torch.cuda.memory_allocated()
+                    torch.cuda.reset_peak_memory_stats()
                 samples = [clock.time_call(step) for _ in range(iters)]
+                if device.type == "cuda":
+                    record["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
             record.update({"median_ms": 1e3 * statistics.median(samples),
                            "min_ms": 1e3 * min(samples), "iters": iters})
     del model
     return record, first
+
+
+@contextlib.contextmanager
+def _coil_stages(backend: str) -> Any:
+    """For ``coil``: seconds per compile stage summed over the graphs compiled inside, plus
+    the graph and kernel counts (``coil.explain``'s figures); empty for other backends."""
+    totals: dict[str, float] = {}
+    if backend != "coil":
+        yield totals
+        return
+    from coil.compile import add_observer, remove_observer
+
+    def observe(report: Any) -> None:
+        for stage, seconds in report.stage_seconds.items():
+            totals[stage] = totals.get(stage, 0.0) + seconds
+        totals["graphs"] = totals.get("graphs", 0) + 1
+        totals["kernels"] = totals.get("kernels", 0) + len(report.kernels)
+
+    add_observer(observe)
+    try:
+        yield totals
+    finally:
+        remove_observer(observe)
 
 
 @contextlib.contextmanager
@@ -274,7 +311,7 @@ def spawn(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
 def table(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> list[str]:
     compiled = [b for b in backends if b != EAGER]
     header = ["model", "mode", *(f"{b} ms" for b in backends), *(f"{b} compile s" for b in compiled),
-              *(f"{b} cos" for b in compiled), "notes"]
+              *(f"{b} peak MiB" for b in backends), *(f"{b} cos" for b in compiled), "notes"]
     rows = []
     for rec in records:
         res = rec["backends"]
@@ -288,9 +325,10 @@ def table(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> list[st
         rows.append([rec["model"], rec["mode"],
                      *(common.fmt(res.get(b, {}).get("median_ms"), "{:.2f}") for b in backends),
                      *(common.fmt(res.get(b, {}).get("compile_s"), "{:.1f}") for b in compiled),
+                     *(common.fmt(res.get(b, {}).get("peak_mib"), "{:.0f}") for b in backends),
                      *(common.fmt(res.get(b, {}).get("min_cos"), "{:.4f}") for b in compiled),
                      "; ".join(notes)])
-    right = [False, False] + [True] * (len(backends) + 2 * len(compiled)) + [False]
+    right = [False, False] + [True] * (2 * len(backends) + 2 * len(compiled)) + [False]
     return common.markdown_table(header, rows, right)
 
 
