@@ -135,6 +135,26 @@ def test_column_reductions(backend, shape):
     check(lambda x: (x.sum(0), x.var(0)), torch.randn(shape), atol=1e-4, rtol=1e-4)
 
 
+SPLIT_CASES = {
+    "mse_loss": (lambda a, b: F.mse_loss(a, b), lambda: (torch.randn(256, 512), torch.randn(256, 512))),
+    "whole_amax_epilogue": (lambda a: a.amax() * 3 + 1, lambda: (torch.randn(64, 2000),)),
+    "column_mean": (lambda a: a.mean(0), lambda: (torch.randn(4096, 48),)),
+    "column_sum_times_bias": (lambda a, c: a.sum(0) * c + 1, lambda: (torch.randn(4096, 48), torch.randn(48))),
+    "stored_and_summed": (lambda a: ((a * 2).sin(), (a * 2).sin().sum()), lambda: (torch.randn(256, 512),)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPLIT_CASES))
+def test_split_reductions_with_epilogues_and_stores(backend, case):
+    """Whole-tensor and column reductions split into a partial and a combining kernel, with
+    the epilogue at the kept points (a mean's division, a scale) in the second one and the
+    pointwise values the reduced loop stores in the first."""
+    fn, make = SPLIT_CASES[case]
+    report = check(fn, *make(), atol=1e-4, rtol=1e-4)
+    (source,) = _sources(report)
+    assert "_combine(" in source, source
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_reductions(backend, dtype):
     x = torch.randn(8, 100).to(dtype)

@@ -6,7 +6,11 @@ chunk) pair into a float32 (or the accumulator's type) workspace of ``SPLIT x xn
 partial states, a second combines the ``SPLIT`` partials of each kept point and stores the
 result. Both are plain kernels of this plugin; :class:`SplitLauncher` allocates the
 workspace and runs them in order. Only kernels that are one loop of reductions that
-combine by themselves (sum, prod, max, min, any, all) over contiguous kept dims split."""
+combine by themselves (sum, prod, max, min, any, all) over contiguous kept dims split; that
+loop may also store pointwise values (each (kept point, chunk) pair is visited once), and an
+epilogue at the kept points (a mean's division, a loss's scale) runs in the second kernel
+after the partials are combined. A whole-tensor reduction (one kept point: ``mse_loss``)
+splits into up to :data:`MOST_SPLITS_ONE_POINT` chunks."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
@@ -28,33 +32,46 @@ TARGET_PROGRAMS = 528
 XBLOCK, RBLOCK = 64, 64  # RBLOCK: the largest any candidate uses (chunks are multiples of it)
 #: Candidates of the partial kernel (XBLOCK is fixed: the grid depends on it).
 PARTIAL_CONFIGS = [Config(XBLOCK, 32, num_warps=4), Config(XBLOCK, 64, num_warps=8)]
+#: Chunks at most: with several kept blocks, and with a single kept point (whose only program
+#: would otherwise loop over every element alone).
+MOST_SPLITS, MOST_SPLITS_ONE_POINT = 64, 512
+#: A single kept point's chunks are read by one row of long blocks instead.
+RBLOCK_ONE_POINT = 2048
+ONE_POINT_CONFIGS = [Config(1, 1024, num_warps=4), Config(1, 2048, num_warps=8)]
 
 
 def splits(kw: "KernelWriter") -> int:
     """How many chunks to cut the reduced range into (1: do not split)."""
     k = kw.k
     xn, rn = kw.xnumel, kw.rnumel
-    if not (kw.x_contiguous and xn.is_number and rn.is_number):
+    if not (xn.is_number and rn.is_number):
         return 1
     xn, rn = int(xn), int(rn)
-    if len(k.loops) != 1 or k.loops[0].level != "r" or rn < 1024:
+    if not (kw.x_contiguous or xn == 1):
         return 1
-    reds = [kn for kn in k.nodes if isinstance(kn.node, ReductionNode)]
+    loops = k.loops
+    if not loops or loops[0].level != "r" or rn < 1024 or getattr(k, "inplace", None):
+        return 1
+    if len(loops) > 2 or (len(loops) == 2 and loops[1].level != "x"):
+        return 1  # one pass over the reduced range, then at most an epilogue at the kept points
+    reds = [kn for kn in loops[0].nodes if isinstance(kn.node, ReductionNode)]
     if not reds or any(kn.node.reduction_type not in SPLITTABLE for kn in reds):  # type: ignore[union-attr]
         return 1
-    if any(not kn.is_reduction and kn.node.outputs()[0] not in k.internal for kn in k.nodes):
+    if len(loops) == 2 and any(isinstance(kn.node, ReductionNode) for kn in loops[1].nodes):
         return 1
     blocks = -(-xn // XBLOCK)
     if blocks * 2 > TARGET_PROGRAMS:
         return 1
-    return max(2, min(64, pow2_at_least(TARGET_PROGRAMS // blocks), rn // (4 * RBLOCK)))
+    if xn == 1:
+        return max(2, min(MOST_SPLITS_ONE_POINT, rn // (4 * RBLOCK_ONE_POINT)))
+    return max(2, min(MOST_SPLITS, pow2_at_least(TARGET_PROGRAMS // blocks), rn // (4 * RBLOCK)))
 
 
 def workspaces(kw: "KernelWriter") -> list[tuple[str, Any]]:
     """(parameter name, torch dtype) of each reduction's workspace."""
     return [(f"p_ws_{kn.node.name}", kn.node.acc_dtype if kn.node.reduction_type not in ("any", "all")  # type: ignore[union-attr]
              else kn.node.layout.dtype)
-            for kn in kw.k.nodes if isinstance(kn.node, ReductionNode)]
+            for kn in kw.k.loops[0].nodes if isinstance(kn.node, ReductionNode)]
 
 
 def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
@@ -65,9 +82,12 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
     types = ([POINTER[k.dtypes[b]] for b in k.inputs + k.outputs] + [POINTER[d] for _, d in ws]  # type: ignore[index]
              + ["i64"] * len(k.size_args))
     xn, rn = int(kw.xnumel), int(kw.rnumel)
+    one_point = xn == 1
+    xblock = 1 if one_point else XBLOCK
+    rblock = RBLOCK_ONE_POINT if one_point else RBLOCK
     chunk = -(-rn // split)
-    chunk = -(-chunk // RBLOCK) * RBLOCK
-    blocks = -(-xn // XBLOCK)
+    chunk = -(-chunk // rblock) * rblock
+    blocks = -(-xn // xblock)
     constexprs = ["XBLOCK: tl.constexpr", "RBLOCK: tl.constexpr"]
     # -- partial states
     w.line("@jit")
@@ -99,11 +119,11 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
         for (param, dtype), red in zip(ws, reds.values()):
             (res,) = red.finish(w)
             w.line(f"tl.store({param} + part * {xn} + xindex, ({res}).to({STORAGE[dtype]}), xmask)")
-    first = KernelSource(k.name, w.text(), params, types, "split", sympy.Integer(blocks * XBLOCK * split),
-                         kw.rnumel, list(PARTIAL_CONFIGS), True,
+    first = KernelSource(k.name, w.text(), params, types, "split", sympy.Integer(blocks * xblock * split),
+                         kw.rnumel, list(ONE_POINT_CONFIGS if one_point else PARTIAL_CONFIGS), True,
                          k.inputs + k.outputs + [p[2:] for p, _ in ws], xmask=True, rmask=True,
                          workspaces=[(split * xn, d) for _, d in ws])
-    # -- combine the partials
+    # -- combine the partials, then the epilogue at the kept points
     from coil.sdk import CodeWriter
     w2 = CodeWriter()
     name = f"{k.name}_combine"
@@ -114,7 +134,10 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
         w2.line(f"xmask = xindex < {xn}")
         w2.line("sindex = tl.arange(0, RBLOCK)[None, :]")
         w2.line(f"smask = sindex < {split}")
-        for kn, (param, dtype) in zip([kn for kn in k.nodes if isinstance(kn.node, ReductionNode)], ws):
+        kw.w, kw.regs = w2, {}  # the writer now writes the second kernel
+        kw.define_x()
+        reds_in_order = [kn for kn in k.loops[0].nodes if isinstance(kn.node, ReductionNode)]
+        for i, (kn, (param, dtype)) in enumerate(zip(reds_in_order, ws)):
             node = kn.node
             kind = node.reduction_type  # type: ignore[union-attr]
             ident = Reduction(node.name, kind, node.acc_dtype, kn.body.dtype)  # type: ignore[union-attr]
@@ -122,11 +145,13 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
             neutral = _neutral(ident, dtype)
             w2.line(f"v = tl.where(smask, v, {neutral})")
             if kind == "sum":
-                w2.line("r = tl.sum(v, 1)[:, None]")
+                w2.line(f"r{i} = tl.sum(v, 1)[:, None]")
             else:
-                w2.line(f"r = tl.reduce(v, 1, {_combine_fn(kind, dtype)})[:, None]")
-            target = kw.pointer(node.name if not kn.stores else kn.stores[0], kn.store_index, "[XBLOCK, 1]")
-            w2.line(f"tl.store({target}, r.to({STORAGE[node.layout.dtype]}), xmask)")  # type: ignore[union-attr]
+                w2.line(f"r{i} = tl.reduce(v, 1, {_combine_fn(kind, dtype)})[:, None]")
+            kw._store(node.name, kn.stores[0] if kn.stores else node.name, kn.store_index, f"r{i}",
+                      node.layout.dtype, "x")  # type: ignore[union-attr]
+        if len(k.loops) == 2:
+            kw._emit(k.loops[1].nodes, "x", Scope(mask="xmask"))
     second = KernelSource(name, w2.text(), params, types, "pointwise-2d", sympy.Integer(xn), sympy.Integer(split),
                           [Config(64, sblock, num_warps=4)], False, first.buffers, xmask=True, rmask=True)
     return [first, second]
