@@ -3,10 +3,10 @@ random weights (no downloads), each with example inputs and a training loss.
 
 Every entry builds at two sizes from one builder:
 
-* ``"small"`` — CI on the CPU: images 2x3x64x64 (32x32 for the ViTs), text 2x16, hidden
-  widths 32-64, 2 layers, and fewer blocks per stage for ConvNeXt, ViT, Swin and ShuffleNet
-  (compile time grows with depth); the building blocks (and so the graphs' op mix) are the
-  real ones.
+* ``"small"`` — CI on the CPU: images 2x3x64x64 (32x32 for the ViTs and DeiT), text 2x16,
+  hidden widths 32-64, 2 layers, and fewer blocks per stage for ConvNeXt, ViT, DeiT, Swin and
+  ShuffleNet (compile time grows with depth); the building blocks (and so the graphs' op mix)
+  are the real ones.
 * ``"real"`` — ``bench/models.py``: images 64x3x224x224, text 16x512, the published
   widths (BERT-base, GPT-2, t5-small, whisper-base, TinyLlama, Mistral-7B, Qwen2-0.5B), with
   the decoders cut to a few layers so that compiling stays in minutes.
@@ -139,6 +139,8 @@ def _timm_builder(arch: str, small: dict[str, Any] | None = None, small_hw: int 
 _register("tv_resnet18", "torchvision", "torchvision ResNet-18")(_tv_builder("resnet18"))
 _register("tv_mobilenet_v3_small", "torchvision", "torchvision MobileNetV3-small (hardswish, SE)")(
     _tv_builder("mobilenet_v3_small", dropout=0.0))
+_register("tv_mobilenet_v2", "torchvision", "torchvision MobileNetV2 (inverted residuals, ReLU6)")(
+    _tv_builder("mobilenet_v2", dropout=0.0))
 @_register("tv_shufflenet_v2", "torchvision", "torchvision ShuffleNetV2 x0.5 (channel shuffle); "
            "stages of 2, 4, 2 units when small")
 def _shufflenet(size: Size) -> Built:
@@ -147,6 +149,7 @@ def _shufflenet(size: Size) -> Built:
         return _vision(models.shufflenet_v2_x0_5(weights=None), size, 1000)
     # Shorter stages, to keep CI short (the full 4-8-4 network compiles in 10 s here).
     return _vision(models.ShuffleNetV2([2, 4, 2], [24, 48, 96, 192, 1024], num_classes=10), size, 10)
+_register("timm_resnet18", "timm", "timm ResNet-18")(_timm_builder("resnet18"))
 _register("timm_resnet50", "timm", "timm ResNet-50")(_timm_builder("resnet50"))
 _register("timm_mobilenetv3", "timm", "timm mobilenetv3_small_050")(_timm_builder("mobilenetv3_small_050"))
 _register("timm_efficientnet_b0", "timm", "timm EfficientNet-B0 (SiLU, SE, depthwise)")(
@@ -156,6 +159,10 @@ _register("timm_convnext_atto", "timm", "timm ConvNeXt-atto (depthwise 7x7, Laye
     _timm_builder("convnext_atto", {"depths": (1, 1, 2, 1)}))
 _register("timm_vit_tiny", "timm", "timm ViT-tiny/16; 32x32 images, patch 8, depth 2 when small")(
     _timm_builder("vit_tiny_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2}, small_hw=32))
+_register("timm_deit_tiny", "timm", "timm DeiT-tiny/16, distilled (class and distillation tokens, two "
+          "heads averaged); 32x32 images, patch 8, depth 2 when small")(
+    _timm_builder("deit_tiny_distilled_patch16_224", {"img_size": 32, "patch_size": 8, "depth": 2},
+                  small_hw=32))
 _register("timm_swin_tiny", "timm", "timm Swin-tiny; 64x64 images, window 4, two stages of 2 blocks "
           "(the second shifted), width 32 when small")(
     _timm_builder("swin_tiny_patch4_window7_224", {"img_size": 64, "window_size": 4, "depths": (2, 2),
