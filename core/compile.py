@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import plugins, selfcheck
+from . import plugins, progress, selfcheck
+from .sdk import versions
 from .config import Config
 from .config import active as config_active
 from .errors import LoweringError
@@ -21,6 +22,7 @@ from .graph import GraphLowering, LoweredGraph
 from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord
+from .inplace import InplacePolicy
 from .memory import plan_memory
 from .conv_bias import split_conv_bias
 from .conv_layout import to_channels_last
@@ -53,6 +55,10 @@ class GraphReport:
     wrapper_source: str
     num_inputs: int = 0
     symbolic: bool = False
+    #: Kernel outputs that took the memory of a buffer dead since an earlier step.
+    reused: int = 0
+    #: Kernel outputs stored over an input of their own kernel that died there.
+    inplace: int = 0
 
     @property
     def fallback_ops(self) -> list[str]:
@@ -107,9 +113,9 @@ def _hint_fn(example_inputs: Sequence[Any]) -> Callable[[sympy.Expr], int]:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
                   kind: str) -> Callable[[list[Any]], Any]:
     """Compile one ATen graph under ``config``, which is also the configuration plugins see
-    (``DeviceBackend.options``) while it compiles."""
-    with config_active(config):
-        return _compile_graph(gm, example_inputs, config, kind)
+    (``DeviceBackend.options``) while it compiles; a long compile shows a progress line."""
+    with config_active(config), progress.shown(kind, config.progress) as line:
+        return _compile_graph(gm, example_inputs, config, kind, line)
 
 
 def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
@@ -118,8 +124,33 @@ def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
     return getattr(backend.capabilities, name, default) if backend is not None else default
 
 
+def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
+    """Which kernels may store outputs over their dying inputs: none with the
+    ``inplace_buffers`` knob off; else pointwise kernels of backends whose plugin declares SDK
+    0.7.0 or later (an older plugin may assume its pointers never alias: ``__restrict__``),
+    and kernels with reduced dims where the backend also declares
+    ``Capabilities.inplace_reductions``."""
+    if not config.inplace_buffers:
+        return None
+
+    def device(k: Kernel) -> torch.device:
+        return (k.special or k.nodes[0].node).device
+
+    def knows_aliasing(k: Kernel) -> bool:
+        info = next((p for p in reg.plugins if p.name == reg.providers.get(device(k).type)), None)
+        return info is not None and versions.parse(info.api_version or "0") >= INPLACE_API
+
+    return InplacePolicy(
+        lambda k: knows_aliasing(k) and _capability(reg, device(k), "inplace_reductions", False),
+        pointwise=knows_aliasing)
+
+
+#: The SDK release that introduced ``Kernel.inplace`` (input and output may share memory).
+INPLACE_API = (0, 7, 0)
+
+
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
-                   kind: str) -> Callable[[list[Any]], Any]:
+                   kind: str, line: progress.QuietLine) -> Callable[[list[Any]], Any]:
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -137,6 +168,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         return _eager_graph(gm, kind, exc)
     t1 = time.perf_counter()
     stages["lower"] = t1 - t0
+    line.stage("schedule")
     policies = {dev: b.scheduling for dev, b in reg.backends.items()}
     sched = schedule(lowered, policies)
     kernels = [s for s in sched.steps if isinstance(s, Kernel)]
@@ -144,9 +176,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     _name_kernels(kernels)
     t2 = time.perf_counter()
     stages["schedule"] = t2 - t1
+    line.stage("codegen+compile", graph=name)
     keep = {o.name for o in lowered.outputs if o.name}
     inputs = {i.name for i in lowered.inputs if i.name} | set(lowered.constants)
-    plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs))
+    plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs),
+                       _inplace_policy(reg, config), release={i.name for i in lowered.inputs if i.name})
     by_device: dict[str, list[Kernel]] = {}
     for k in kernels:
         by_device.setdefault(_kernel_device(k, lowered), []).append(k)
@@ -161,6 +195,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
             launchers[k.name] = (backend, var)
     t3 = time.perf_counter()
     stages["codegen+compile"] = t3 - t2
+    line.stage("wrapper")
     writer = WrapperWriter(lowered, sched.steps, plan, launchers, check_layouts=config.check_extern_layouts,
                            check_inputs=config.check_extern_layouts and kind == "backward")
     wrapper = writer.write()
@@ -178,7 +213,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     report = GraphReport(
         name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
-        len(lowered.inputs), bool(lowered.symbol_sources))
+        len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace)
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
     if config.debug_dir:
         _dump(report, config.debug_dir, compiled_modules)

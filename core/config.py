@@ -23,7 +23,7 @@ import operator
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal, get_args
 
 from .errors import CoilError, ConfigError
 
@@ -33,6 +33,9 @@ _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
+#: Values of the ``progress`` knob.
+ProgressMode = Literal["auto", "on", "off"]
+
 
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -40,10 +43,12 @@ def _default_cache_dir() -> str:
 
 
 def _knob(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
-          minimum: int | None = None, path: bool = False, size: bool = False) -> Any:
+          minimum: int | None = None, path: bool = False, size: bool = False,
+          choices: tuple[str, ...] = ()) -> Any:
     """A Config field with its validation: ``minimum`` for integers, ``path`` for folders
-    (expanded, absolute), ``size`` for byte counts (``512M``, ``2G`` accepted)."""
-    meta = {"minimum": minimum, "path": path, "size": size}
+    (expanded, absolute), ``size`` for byte counts (``512M``, ``2G`` accepted), ``choices``
+    for a closed set of words (matched ignoring case)."""
+    meta = {"minimum": minimum, "path": path, "size": size, "choices": choices}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -77,9 +82,17 @@ class Config:
     #: the ones that code was generated for (eager's meta function's) and copy it into those on
     #: a mismatch. One comparison per call; turning it off trades a silent wrong result for it.
     check_extern_layouts: bool = _knob(True)
+    #: Let a kernel store an output over the memory of an input that dies in it, where it
+    #: reads that input only at the index it writes (:mod:`coil.inplace`); off, an output only
+    #: takes memory freed by an earlier step.
+    inplace_buffers: bool = _knob(True)
     #: Self-check mode: run every compiled graph beside eager and raise at the first output
     #: that differs.
     check: bool = _knob(False)
+    #: A self-overwriting progress line on stderr while a graph compiles for more than a few
+    #: seconds (graph, stage, kernels built, seconds): ``auto`` when stderr is a terminal,
+    #: ``on`` always, ``off`` never.
+    progress: ProgressMode = _knob("auto", choices=get_args(ProgressMode))
     #: Plugin options set by ``options=`` or :func:`override`: ``"<backend>.<field>"`` -> value.
     plugin_options: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={"knob": False})
     #: ``COIL_*`` environment variables as read with the knobs (plugin options read them too).
@@ -172,6 +185,13 @@ def _as_path(source: str, value: Any) -> str | None:
     return os.path.abspath(expanded)
 
 
+def _as_choice(source: str, value: Any, choices: tuple[str, ...]) -> str:
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text not in choices:
+        raise ConfigValueError(source, value, f"one of {', '.join(choices)}")
+    return text
+
+
 def _default(name: str) -> Any:
     f = _FIELDS[name]
     return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
@@ -184,6 +204,8 @@ def _coerce(name: str, value: Any, kind: Any = None, source: str | None = None) 
     meta = _FIELDS[name].metadata if kind is None else {}
     kind = _kind(_FIELDS[name].type if kind is None else kind)
     source = source or name
+    if meta.get("choices"):
+        return _as_choice(source, value, meta["choices"])
     if kind is bool:
         return _as_bool(source, value)
     if kind is int:

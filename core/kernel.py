@@ -58,6 +58,12 @@ class Kernel:
     origins: tuple[str, ...] = ()
     #: For single-node kernels of special kinds (scan, scatter): the node itself.
     special: ir.Node | None = None
+    #: Outputs stored over the memory of an input (output -> input), set by the memory
+    #: planner: the input dies in this kernel and every read of it is at the index the output
+    #: is written, by the writing node or a node before it (:mod:`coil.inplace`). The launch
+    #: passes the same memory for both; generated code must not assume they differ (no
+    #: ``__restrict__``, no reordering of a store before an earlier load of the other buffer).
+    inplace: dict[str, str] = field(default_factory=dict)
 
     @property
     def x_vars(self) -> list[sympy.Symbol]:

@@ -31,6 +31,13 @@ POINTWISE_OPS: dict[str, int] = {
     "lshift": 2, "rshift": 2,
     # selection
     "where": 3,
+    # counter-based random numbers: (seed, counter), both int64, result float32. Philox4x32-10
+    # (Salmon et al., SC'11) keyed by the seed's low and high words, on the counter
+    # (low word of counter, high word, 0, 0); ``rand`` is the first output word's top 24 bits
+    # times 2^-24, in [0, 1); ``randn`` is Box-Muller on the first two words,
+    # sqrt(-2 log(1 - u0)) * cos(2 pi u1), in float32. ``coil.sdk.reference`` is the exact
+    # definition. The core emits them only for backends that declare ``Capabilities.random``.
+    "rand": 2, "randn": 2,
 }
 
 
@@ -44,4 +51,5 @@ EXACT_OPS: frozenset[str] = frozenset({
     "eq", "ne", "lt", "le", "gt", "ge", "isnan", "isinf", "signbit",
     "logical_and", "logical_or", "logical_xor", "logical_not",
     "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not", "lshift", "rshift", "where",
+    "rand",  # integer arithmetic and an exact conversion
 })

@@ -33,6 +33,16 @@ class ExplainReport:
         return max((g.peak_bytes for g in self.graphs), default=0)
 
     @property
+    def inplace(self) -> int:
+        """Kernel outputs stored over an input of their own kernel, in every graph."""
+        return sum(g.inplace for g in self.graphs)
+
+    @property
+    def reused(self) -> int:
+        """Kernel outputs that took a buffer dead since an earlier step, in every graph."""
+        return sum(g.reused for g in self.graphs)
+
+    @property
     def stage_seconds(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for g in self.graphs:
@@ -47,7 +57,8 @@ class ExplainReport:
 def format_graph(g: GraphReport) -> str:
     lines = [f"== {g.name} ({g.kind}): {len(g.kernels)} kernel(s), "
              f"{len(g.fallback_ops)} fallback(s), {len(g.library_ops)} library call(s), "
-             f"planned peak {g.peak_bytes / 2**20:.2f} MiB"]
+             f"planned peak {g.peak_bytes / 2**20:.2f} MiB "
+             f"({g.inplace} buffer(s) in place, {g.reused} reused)"]
     lines.append("   compile seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in g.stage_seconds.items()))
     for f in g.fallbacks:
         label = "library" if f.kind == "library" else "FALLBACK"

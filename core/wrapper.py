@@ -203,8 +203,10 @@ class WrapperWriter:
         stride = ", ".join(py(s) for s in lay.stride)
         comma = "," if len(lay.size) == 1 else ""
         if alloc.reuse:
+            # the donor's name is deleted after this step (MemoryPlan.frees): one name per block
+            how = "in place over" if alloc.inplace else "reuses"
             self.w.line(f"{alloc.name} = reinterpret({alloc.reuse}, ({size}{comma}), ({stride}{comma}), 0)"
-                        f"  # reuses {alloc.reuse}")
+                        f"  # {how} {alloc.reuse}")
             return
         dev = self.const(lay.device)
         self.w.line(f"{alloc.name} = empty_strided(({size}{comma}), ({stride}{comma}), "

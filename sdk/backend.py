@@ -44,6 +44,19 @@ class Capabilities:
     #: Whether the device's convolution library runs 2-D convolutions fastest channels-last
     #: (cuDNN on tensor cores); the core then lays inference graphs' conv nets out so.
     conv_channels_last: bool = False
+    #: Whether the op table spells the catalogue's counter-based ``rand`` and ``randn``
+    #: (Philox4x32-10, :mod:`coil.ops`); only then does the core generate random ops (rand,
+    #: randn, bernoulli, dropout, uniform_, normal_) in kernels for the device, else ATen runs them.
+    random: bool = False
+    #: Whether a kernel with reduced dims may store an output over the memory of an input that
+    #: dies in it (a softmax over its logits). The core only asks where every read of the input
+    #: is at the index the output is written, by the writing node or one before it
+    #: (``Kernel.inplace``, :mod:`coil.inplace`); declaring it promises that the backend's
+    #: schedule finishes, for each kept point, every read of that input in the kernel's earlier
+    #: loops before any store of a later loop over it (one program or thread per kept point
+    #: running its loops in order, or a barrier between them; not split across launches that
+    #: store first). Pointwise kernels write in place on every backend. Default False.
+    inplace_reductions: bool = False
     compiler: str = ""
     compiler_version: str = ""
 
@@ -96,7 +109,8 @@ class DeviceBackend:
 
     * ``compile(kernels, graph_name)`` turns a graph's kernels into something loadable and
       returns an object handed back to ``call_line``; compile all of a graph's kernels at
-      once (one translation unit, or in parallel).
+      once (one translation unit, or in parallel). It may report how many are built through
+      :mod:`coil.sdk.progress` (shown in the progress line of long compiles).
     * ``call_line(module_var, kernel, args)`` is the wrapper's Python line that launches one
       kernel with ``args`` (names of tensors and size ints, in ``kernel.args`` order).
     """

@@ -17,6 +17,7 @@ are inclusive; scatter overwrites keep the last write."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,7 @@ from coil.ir import (Cast, Const, IndexValue, Indirect, Load, Masked, Op, Reduct
 from coil.kernel import Kernel, KernelNode
 from coil.symbolic import FloorDiv, ModIdx
 
-from .backend import DeviceBackend
+from .backend import Capabilities, DeviceBackend
 
 Tensor = torch.Tensor
 Index = Any  # a Python int or an int64 tensor
@@ -71,6 +72,53 @@ def _reciprocal(a: Tensor) -> Tensor:
     return torch.reciprocal(a) if a.is_floating_point() else _truncdiv(torch.ones_like(a), a)
 
 
+# Philox4x32-10 (Salmon, Moraes, Dror, Shaw: "Parallel random numbers: as easy as 1, 2, 3",
+# SC'11) in int64 tensors holding 32-bit words, so that every product stays exact.
+_WORD = 0xFFFFFFFF
+_PHILOX_M0, _PHILOX_M1 = 0xD2511F53, 0xCD9E8D57  # round multipliers
+_PHILOX_W0, _PHILOX_W1 = 0x9E3779B9, 0xBB67AE85  # key increments (Weyl sequence)
+
+
+def _mulhilo(a: int, b: Tensor) -> tuple[Tensor, Tensor]:
+    """The high and low words of the 64-bit product of the words ``a`` and ``b``, computed in
+    16-bit halves of ``b`` (int64 would overflow on the whole product)."""
+    low_part = a * (b & 0xFFFF)
+    s = a * (b >> 16) + (low_part >> 16)
+    return s >> 16, ((s & 0xFFFF) << 16) | (low_part & 0xFFFF)
+
+
+def philox(seed: Tensor, counter: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Philox4x32-10 keyed by the int64 ``seed``'s (low, high) words, on the 128-bit counter
+    (low word of ``counter``, high word, 0, 0): four int64 tensors of 32-bit words."""
+    k0, k1 = seed & _WORD, (seed >> 32) & _WORD
+    c0, c1 = counter & _WORD, (counter >> 32) & _WORD
+    c2 = c3 = torch.zeros_like(c0)
+    for _ in range(10):
+        hi0, lo0 = _mulhilo(_PHILOX_M0, c0)
+        hi1, lo1 = _mulhilo(_PHILOX_M1, c2)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+        k0, k1 = (k0 + _PHILOX_W0) & _WORD, (k1 + _PHILOX_W1) & _WORD
+    return c0, c1, c2, c3
+
+
+def _unit(word: Tensor) -> Tensor:
+    """A 32-bit word as a float32 in [0, 1): its top 24 bits times 2^-24 (exact)."""
+    return (word >> 8).to(torch.float32) * 2.0 ** -24
+
+
+def philox_rand(seed: Tensor, counter: Tensor) -> Tensor:
+    """The catalogue's ``rand``: uniform float32 in [0, 1) from the first Philox word."""
+    return _unit(philox(seed, counter)[0])
+
+
+def philox_randn(seed: Tensor, counter: Tensor) -> Tensor:
+    """The catalogue's ``randn``: Box-Muller on the first two words, in float32;
+    ``1 - u0`` lies in (0, 1], so the logarithm is finite."""
+    w0, w1, _, _ = philox(seed, counter)
+    radius = torch.sqrt(-2.0 * torch.log(1.0 - _unit(w0)))
+    return radius * torch.cos(_unit(w1) * torch.tensor(2 * math.pi, dtype=torch.float32))
+
+
 #: The torch spelling of every op of ``coil.ops.POINTWISE_OPS`` (operands already share a dtype).
 OPS: dict[str, Callable[..., Tensor]] = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide,
@@ -101,6 +149,7 @@ OPS: dict[str, Callable[..., Tensor]] = {
     "bitwise_xor": torch.bitwise_xor, "bitwise_not": torch.bitwise_not,
     "lshift": torch.bitwise_left_shift, "rshift": torch.bitwise_right_shift,
     "where": torch.where,
+    "rand": philox_rand, "randn": philox_randn,
 }
 
 #: Rounding ops are the identity on integers.
@@ -437,6 +486,7 @@ class ReferenceBackend(DeviceBackend):
     ``coil.register_backend_for_device("cpu", ReferenceBackend())``."""
 
     name = "reference"
+    capabilities = Capabilities(random=True)
 
     def compile(self, kernels: Sequence[Kernel], graph_name: str) -> ReferenceModule:
         return ReferenceModule({k.name: k for k in kernels}, "\n".join(map(format_kernel, kernels)))
@@ -492,4 +542,5 @@ def format_kernel(k: Kernel) -> str:
 
 
 __all__ = ["ReferenceBackend", "ReferenceModule", "run_kernel", "flat_view", "eval_index",
-           "apply_op", "OPS", "REDUCTIONS", "format_kernel", "format_value"]
+           "apply_op", "OPS", "REDUCTIONS", "format_kernel", "format_value", "philox",
+           "philox_rand", "philox_randn"]

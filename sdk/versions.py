@@ -67,6 +67,28 @@ HISTORY: tuple[Release, ...] = (
         Change("coil.sdk.canonical: Renamer, canonical_text and digest_name, for code writers "
                "that build each distinct kernel once (kernels differing only in names)"),
     )),
+    Release("0.5.0", (
+        Change("coil.sdk.progress.build_progress(): report(done, total) for DeviceBackend.compile "
+               "to say how many of a graph's kernels are built (the progress line of long "
+               "compiles); optional"),
+    )),
+    Release("0.6.0", (
+        Change("ops rand(seed, counter) and randn(seed, counter) in the pointwise catalogue: "
+               "counter-based Philox4x32-10 uniform and normal float32 numbers (coil.ops, "
+               "coil.sdk.reference)"),
+        Change("Capabilities.random: the core generates rand, randn, bernoulli and dropout in "
+               "kernels only for backends that declare it (default False: ATen draws them)"),
+    )),
+    Release("0.7.0", (
+        Change("Kernel.inplace (output -> input): the memory planner stores an output over a "
+               "dying input that the kernel reads only at the written index; the launch passes "
+               "the same memory for both, so generated code must not assume the pointers differ "
+               "(no __restrict__). Pointwise kernels do it for every backend whose plugin declares "
+               "0.7.0 or later; an older plugin never gets aliased pointers"),
+        Change("Capabilities.inplace_reductions: a backend whose reduction schedule finishes a "
+               "kept point's reads before a later loop's stores over them opts kernels with "
+               "reduced dims in (default False)"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -118,6 +118,8 @@ def test_fusion_refusals_name_the_limit(tmp_path):
     ("COIL_CACHE_MAX_BYTES", "2 parsecs", "an integer >= 1"),
     ("COIL_GRAPH_CAPTURE", "ture", "one of 1, true, yes, on, 0, false, no, off"),
     ("COIL_CHECK", "2", "one of 1, true, yes, on, 0, false, no, off"),
+    ("COIL_PROGRESS", "sometimes", "one of auto, on, off"),
+    ("COIL_PROGRESS", "1", "one of auto, on, off"),
 ])
 def test_bad_environment_values_are_refused(env, name, value, expected):
     env(name, value)
@@ -134,6 +136,7 @@ def test_bad_environment_values_are_refused(env, name, value, expected):
     ("max_fusion_size", 0), ("max_fusion_size", -1), ("max_fusion_size", 2.0),
     ("max_fusion_size", True), ("max_fusion_size", "2.5"), ("graph_capture", "ture"),
     ("graph_capture", 2), ("check", "maybe"), ("cache_max_bytes", -5), ("cache_dir", 3),
+    ("progress", True), ("progress", "never"),
 ])
 def test_bad_option_values_are_refused(key, value):
     with pytest.raises(config.ConfigValueError, match=re.escape(key)):
@@ -148,8 +151,9 @@ def test_bad_option_values_are_refused(key, value):
 
 def test_good_values_in_every_spelling(env):
     assert config.validated({"max_fusion_size": "5", "graph_capture": "On", "check": 1,
-                             "cache_max_bytes": "512M"}) == {
-        "max_fusion_size": 5, "graph_capture": True, "check": True, "cache_max_bytes": 512 * 2**20}
+                             "cache_max_bytes": "512M", "progress": " ON "}) == {
+        "max_fusion_size": 5, "graph_capture": True, "check": True, "cache_max_bytes": 512 * 2**20,
+        "progress": "on"}
     env("COIL_CACHE_MAX_BYTES", "3GiB")
     env("COIL_CHECK", "no")
     assert config.get().cache_max_bytes == 3 * 2**30 and config.get().check is False

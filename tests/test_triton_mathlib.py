@@ -180,7 +180,8 @@ def test_every_transcendental_core_op_has_two_spellings():
                  "reciprocal", "square", "sign", "maximum", "minimum", "clamp_min", "clamp_max",
                  "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
                  "logical_not", "bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
-                 "lshift", "rshift", "where"}
+                 "lshift", "rshift", "where",
+                 "rand", "randn"}  # the mathlib helpers coil_rand/coil_randn, tests/test_random.py
     assert set(mathlib.SPELLINGS) == set(POINTWISE_OPS) - unspelled
     assert mathlib.call("erf", ["t3"], False) == "tl.erf(t3)"
     assert mathlib.call("atan2", ["a", "b"], True) == "coil_atan2(a, b)"

@@ -3,7 +3,7 @@ fallbacks it took), passed explicitly to every lowering function."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import sympy
 import torch
@@ -12,6 +12,9 @@ from .. import ir
 from ..config import Config
 from ..ir import Expr, Layout
 from .values import Lazy, Realized, TensorValue
+
+if TYPE_CHECKING:
+    from .random import RandomStreams
 
 
 @dataclass
@@ -31,6 +34,8 @@ class LoweringContext:
     origin: str = ""
     #: The FakeTensor (or structure) the current FX node produces in eager.
     out_meta: Any = None
+    #: The graph's seeds and counters, once a random op is lowered (:mod:`.random`).
+    random: "RandomStreams | None" = None
     _counter: int = 0
 
     def new_name(self, prefix: str = "buf") -> str:

@@ -44,7 +44,7 @@ def _full(ctx: LoweringContext, *args: Any, **kwargs: Any) -> TensorValue:
 
 @lowering(aten.zeros.default, aten.empty.memory_format, aten.empty_strided.default,
           aten.new_empty.default, aten.new_zeros.default, aten.empty_like.default,
-          aten.zeros_like.default, aten.new_empty_strided.default)
+          aten.zeros_like.default, aten.new_empty_strided.default, aten.empty_permuted.default)
 def _zeros(ctx: LoweringContext, *args: Any, **kwargs: Any) -> TensorValue:
     # empty* hands back zeros: defined contents cost one write and avoid reading garbage
     return constant(ctx, 0)

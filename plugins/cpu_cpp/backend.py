@@ -38,7 +38,11 @@ class CppBackend(sdk.DeviceBackend):
 
     def __init__(self) -> None:
         import os
-        self.capabilities = sdk.Capabilities(vector_width=16, compiler=os.environ.get("CXX", "g++"))
+        # inplace_reductions: one thread runs a kept point's loops in order (the split
+        # schedule ends each loop's parallel region, a barrier, before the next), and a stash
+        # is not kept in an output that overwrites an input read later (stash.py)
+        self.capabilities = sdk.Capabilities(vector_width=16, random=True, inplace_reductions=True,
+                                             compiler=os.environ.get("CXX", "g++"))
 
     def generate(self, kernels: Sequence[sdk.Kernel]) -> tuple[str, list[str], dict[str, str], dict[str, str]]:
         """The translation unit, its declarations, each kernel's readable source, and each

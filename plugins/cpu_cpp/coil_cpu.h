@@ -156,6 +156,42 @@ template <typename T> inline T round_(T x) {
   if constexpr (std::is_floating_point_v<T>) return std::nearbyint(x); else return x;
 }
 
+// Counter-based random numbers, the catalogue's ``rand`` and ``randn`` (coil.ops): Philox4x32-10
+// (Salmon et al., SC'11) keyed by the seed's two words, on the counter (low word, high word,
+// 0, 0). Straight-line integer code with 32x32->64 products, so ``omp simd`` loops vectorise
+// it; results equal coil.sdk.reference's bit for bit (``randn`` up to libm's last place).
+inline void philox4x32_10(int64_t seed, int64_t counter, uint32_t& w0, uint32_t& w1) {
+  uint32_t k0 = uint32_t(uint64_t(seed)), k1 = uint32_t(uint64_t(seed) >> 32);
+  uint32_t c0 = uint32_t(uint64_t(counter)), c1 = uint32_t(uint64_t(counter) >> 32);
+  uint32_t c2 = 0, c3 = 0;
+  for (int round = 0; round < 10; round++) {
+    uint64_t p0 = uint64_t(0xD2511F53u) * c0, p1 = uint64_t(0xCD9E8D57u) * c2;
+    uint32_t n0 = uint32_t(p1 >> 32) ^ c1 ^ k0, n2 = uint32_t(p0 >> 32) ^ c3 ^ k1;
+    c1 = uint32_t(p1);
+    c3 = uint32_t(p0);
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  w0 = c0;
+  w1 = c1;
+}
+// A word's top 24 bits times 2^-24: a float in [0, 1), exactly.
+inline float unit_float(uint32_t w) { return float(w >> 8) * 0x1p-24f; }
+inline float philox_rand(int64_t seed, int64_t counter) {
+  uint32_t w0, w1;
+  philox4x32_10(seed, counter, w0, w1);
+  return unit_float(w0);
+}
+// Box-Muller; 1 - u lies in (0, 1], so the logarithm is finite.
+inline float philox_randn(int64_t seed, int64_t counter) {
+  uint32_t w0, w1;
+  philox4x32_10(seed, counter, w0, w1);
+  float radius = std::sqrt(-2.0f * std::log(1.0f - unit_float(w0)));
+  return radius * std::cos(unit_float(w1) * 6.28318530717958647692f);
+}
+
 template <typename T> inline T lowest() {
   if constexpr (std::is_floating_point_v<T>) return -std::numeric_limits<T>::infinity();
   else if constexpr (std::is_same_v<T, bool>) return false;

@@ -62,6 +62,7 @@ OPS: dict[str, Spelling] = {
     "bitwise_not": lambda a, t: f"(!{a[0]})" if t == "bool" else f"(~{a[0]})",
     "lshift": _infix("<<"), "rshift": _infix(">>"),
     "where": lambda a, t: f"({a[0]} ? {a[1]} : {a[2]})",
+    "rand": _call("coil::philox_rand"), "randn": _call("coil::philox_randn"),
 }
 
 #: Ops that call into libm (tens of cycles per vector): worth a store and a load to not
@@ -69,7 +70,7 @@ OPS: dict[str, Spelling] = {
 COSTLY_OPS = frozenset({
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
-    "sigmoid", "pow", "atan2", "hypot",
+    "sigmoid", "pow", "atan2", "hypot", "rand", "randn",
 })
 
 # Ops whose integer spelling must not pass through floating point.

@@ -7,13 +7,18 @@ load that hit the cache (the row was just touched), as ATen's softmax does.
 It is safe when the output is a fresh buffer written only by the later loop's node and read
 nowhere in the kernel, the value reads no memory the kernel writes (locals are fixed per
 kept point), the value's dtype is the output's (the round trip is exact), and the store
-index covers every reduced dim (each element is written by one (x, r) point only)."""
+index covers every reduced dim (each element is written by one (x, r) point only).
+
+An output stored in place over an input (``Kernel.inplace``) holds the stash where that input
+was: the earlier loop overwrites the input's element after its own reads of it, so the stash
+is kept only when no later loop reads the input again, except through the stashed value in
+the loop that reads the stash back."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 import sympy
 
-from coil.sdk import Kernel, KernelNode, Op, ReductionNode, Value, loads
+from coil.sdk import Kernel, KernelNode, Load, Op, ReductionNode, Value, loads
 
 from .hoist import unmasked
 from .optable import COSTLY_OPS
@@ -47,7 +52,7 @@ def plan(k: Kernel) -> dict[int, LoopStashes]:
                 continue
             for value in _candidates(k, kn, written):
                 earlier = _earlier_loop_computing(k, later, value)
-                if earlier is not None:
+                if earlier is not None and _donor_unread_after(k, kn, earlier, later, value):
                     stash = Stash(value, kn.stores[0], kn.store_index)
                     result.setdefault(earlier, LoopStashes()).writes.append(stash)
                     result.setdefault(later, LoopStashes()).reads.append(stash)
@@ -81,6 +86,34 @@ def _earlier_loop_computing(k: Kernel, later: int, value: Value) -> int | None:
         if loop.level == "r" and any(value in set(unmasked(kn.body)) for kn in loop.nodes):
             return i
     return None
+
+
+def _donor_unread_after(k: Kernel, kn: KernelNode, earlier: int, later: int, value: Value) -> bool:
+    """Whether, with ``kn``'s output in place over an input, no loop after ``earlier`` reads
+    that input but through ``value`` in loop ``later`` (which reads the stash instead)."""
+    donor = k.inplace.get(kn.stores[0])
+    if donor is None:
+        return True
+    for i in range(earlier + 1, len(k.loops)):
+        for other in k.loops[i].nodes:
+            if _reads_outside(other.body, donor, value if i == later else None):
+                return False
+    return True
+
+
+def _reads_outside(v: Value, buffer: str, skip: Value | None) -> bool:
+    """Whether ``v`` loads ``buffer`` other than inside subtrees equal to ``skip``."""
+    seen: set[int] = set()
+    stack = [v]
+    while stack:
+        u = stack.pop()
+        if u is None or id(u) in seen or (skip is not None and u == skip):
+            continue
+        seen.add(id(u))
+        if isinstance(u, Load) and u.buffer == buffer:
+            return True
+        stack.extend(u.children())
+    return False
 
 
 def _costly(v: Value) -> bool:

@@ -86,7 +86,11 @@ class TritonBackend(sdk.DeviceBackend):
             reduction_strategies=frozenset({"persistent", "looped"}), memory_transaction_bytes=128,
             graph_capture=not interpret, autotune=True, compiler="triton", gemm_alignment_bytes=16,
             # cuDNN runs NHWC convolutions without transposes; kernels iterate in memory order
-            conv_channels_last=True,
+            conv_channels_last=True, random=True,
+            # one program owns a kept point's row and runs its loops in order, with a barrier
+            # before a loop that stores over what earlier loops read; split reductions (two
+            # launches) only ever store reductions, which never go in place
+            inplace_reductions=True,
             compiler_version=_triton_version())
         #: Canonical function name -> the loaded function; (name, mutated args) -> its launcher.
         self._functions: dict[str, Any] = {}
@@ -174,21 +178,26 @@ class TritonBackend(sdk.DeviceBackend):
         ``path`` defines), then in-process (cache hits by then)."""
         if self.interpret or not launchers:
             return
+        count = compile_pool.BuildCount(len(launchers))  # for the progress line of long compiles
         builds = {id(la): la.to_build() for la in launchers}
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
         if compile_pool.ready() and sum(len(b) for b in builds.values()) > 1:
-            jobs = []
+            jobs, owners = [], []
             for la in launchers:
                 if la.src.name not in in_file:
                     continue
                 fields = {"name": la.src.name, "params": la.src.params, "types": la.src.types,
                           "shape": la.src.shape, "buffers": la.src.buffers}
-                jobs += [[path, fields, cfg.__dict__, True, la.debug, major * 10 + minor] for cfg in builds[id(la)]]
+                for cfg in builds[id(la)]:
+                    jobs.append([path, fields, cfg.__dict__, True, la.debug, major * 10 + minor])
+                    owners.append(la)
+                    count.add_job(la)
             if jobs:
-                compile_pool.build(jobs)
+                compile_pool.build(jobs, on_done=lambda i: count.job_done(owners[i]))
         for la in launchers:
             la.precompile()
+            count.built(la)
 
     def options_text(self) -> str:
         return f"bounds_check={self.bounds_check};{self.capabilities.cache_key()}"
@@ -261,10 +270,12 @@ def _key_fn(source: str, device: str, options: str) -> Any:
 
 
 def _mutated_args(k: sdk.Kernel) -> list[int]:
-    """Argument positions of buffers the kernel writes and also reads (tuning clones them)."""
-    args = k.args
+    """Argument positions of buffers the kernel writes and also reads, and of both buffers of
+    each in-place pair (one memory): tuning runs on clones of them, never changing an input."""
+    args = k.args[:len(k.inputs) + len(k.outputs)]
     written = set(k.outputs)
     read = set(k.inputs)
     for kn in k.nodes:
         read |= {ld.buffer for ld in sdk.loads(kn.body)}
-    return [i for i, a in enumerate(args) if a in written and a in read]
+    shared = set(k.inplace) | set(k.inplace.values())
+    return [i for i, a in enumerate(args) if (a in written and a in read) or a in shared]

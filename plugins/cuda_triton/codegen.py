@@ -143,6 +143,8 @@ class KernelWriter:
         for kn in self.k.nodes:
             exprs.append(kn.store_index)
             exprs += [ld.index for ld in _loads(kn.body)]
+            # indices used as data too: a random op's counter runs past its own extent
+            exprs += [v.expr for v in _index_values(kn.body)]
         bounds = {**dict(zip(self.k.x_vars, self.k.x_ranges)), **dict(zip(self.k.r_vars, self.k.r_ranges))}
         for e in exprs:
             e = sympy.expand(sympy.sympify(e))
@@ -244,9 +246,15 @@ class KernelWriter:
             self._define_r([kn for loop in self.k.loops if loop.level == "r" for kn in loop.nodes])
         stored_r: set[str] = set()
         loops = list(self.k.loops)
+        read: set[str] = set()  # buffers the loops so far load
         i = 0
         while i < len(loops):
             loop = loops[i]
+            if self._overwrites(loop) & read:
+                # a store over an input (Kernel.inplace) that earlier loops read, maybe in other
+                # threads of the program (their layouts may differ): every read comes first
+                w.line("tl.debug_barrier()")
+            start = i
             if loop.level == "x":
                 self._emit(loop.nodes, "x", Scope(mask=self.mask("x")))
             elif self.shape == "persistent":
@@ -260,7 +268,12 @@ class KernelWriter:
                     w.line("tl.debug_barrier()")  # values another thread stored in an earlier loop
                 self._looped_loop(loop)
             stored_r |= {kn.stores[0] for kn in loop.nodes if loop.level == "r" and not kn.is_reduction}
+            read |= {ld.buffer for lp in loops[start:i + 1] for kn in lp.nodes for ld in _loads(kn.body)}
             i += 1
+
+    def _overwrites(self, loop: Loop) -> set[str]:
+        """Inputs whose memory a store of ``loop`` writes over (``Kernel.inplace``)."""
+        return {self.k.inplace[s] for kn in loop.nodes for s in kn.stores if s in self.k.inplace}
 
     def _persistent_loop(self, loop: Loop) -> None:
         # one block holds the whole row, so values computed in an earlier loop stay valid
@@ -495,6 +508,11 @@ def tile_split(k: Kernel) -> int | None:
 def _loads(v: Value) -> list[Load]:
     from coil.sdk import loads
     return loads(v)
+
+
+def _index_values(v: Value) -> list[IndexValue]:
+    from coil.sdk import walk
+    return [x for x in walk(v) if isinstance(x, IndexValue)]
 
 
 def _indices(kn: KernelNode) -> list[sympy.Expr]:

@@ -8,7 +8,10 @@ never forked, since the parent holds a CUDA context, and not ``multiprocessing``
 which would re-run the user's main script. They start in the background on the first
 compile; until they are up, and whenever anything goes wrong with them, kernels build
 in-process as before, so the pool can only save time. ``COIL_TRITON_COMPILE_WORKERS=0``
-turns it off."""
+turns it off.
+
+:class:`BuildCount` counts a graph's kernels as they are built, in the pool or in-process, for
+the progress line of long compiles (:mod:`coil.sdk.progress`)."""
 from __future__ import annotations
 
 import json
@@ -18,7 +21,10 @@ import queue
 import subprocess
 import sys
 import threading
-from typing import Any
+from collections import Counter
+from typing import Any, Callable
+
+from coil.sdk.progress import build_progress
 
 log = logging.getLogger(__name__)
 
@@ -82,26 +88,61 @@ def ready() -> bool:
     return len(_serving()) >= 2
 
 
-def build(jobs: list[list[Any]]) -> None:
+def build(jobs: list[list[Any]], on_done: Callable[[int], None] | None = None) -> None:
     """Build ``[source_path, kernel fields, config fields, aligned, debug, arch]`` jobs into
     Triton's cache in the workers; returns when all are done (failures are left for the
-    in-process build, which reports them)."""
+    in-process build, which reports them). ``on_done(i)`` is called, from a pool thread, as
+    job ``i`` ends, built or not."""
     if not ready() or not jobs:
         return
-    todo: "queue.Queue[list[Any]]" = queue.Queue()
-    for job in jobs:
-        todo.put(job)
+    todo: "queue.Queue[tuple[int, list[Any]]]" = queue.Queue()
+    for i, job in enumerate(jobs):
+        todo.put((i, job))
 
     def drain(worker: _Worker) -> None:
         while not worker.dead:
             try:
-                job = todo.get_nowait()
+                i, job = todo.get_nowait()
             except queue.Empty:
                 return
             worker.run(job)
+            if on_done is not None:
+                on_done(i)
 
     threads = [threading.Thread(target=drain, args=(w,)) for w in _serving()]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+class BuildCount:
+    """How many of a graph's launchers are built, reported through :mod:`coil.sdk.progress`:
+    a launcher counts once the last of its pool jobs ends or once it is built in-process,
+    whichever comes first. Create it in the compiling thread; pool threads call
+    :meth:`job_done`."""
+
+    def __init__(self, total: int) -> None:
+        self._report = build_progress()  # bound to this thread's compile
+        self._total = total
+        self._jobs_left: Counter[int] = Counter()
+        self._counted: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add_job(self, launcher: object) -> None:
+        self._jobs_left[id(launcher)] += 1
+
+    def job_done(self, launcher: object) -> None:
+        with self._lock:
+            self._jobs_left[id(launcher)] -= 1
+            if self._jobs_left[id(launcher)] == 0:
+                self._count(launcher)
+
+    def built(self, launcher: object) -> None:
+        with self._lock:
+            self._count(launcher)
+
+    def _count(self, launcher: object) -> None:
+        if id(launcher) not in self._counted:
+            self._counted.add(id(launcher))
+            self._report(len(self._counted), self._total)

@@ -118,6 +118,9 @@ OPS: dict[str, Spelling] = {
     "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
     "bitwise_not": _bitwise_not, "lshift": _infix("<<"), "rshift": _infix(">>"),
     "where": lambda a, t, i: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    # counter-based random numbers (mathlib helpers, the same for the GPU and the interpreter)
+    "rand": lambda a, t, i: f"coil_rand({a[0]}, {a[1]})",
+    "randn": lambda a, t, i: f"coil_randn({a[0]}, {a[1]})",
 }
 for _name in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin",
               "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",

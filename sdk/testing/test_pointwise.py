@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from coil.sdk.testing.kit import Kit
+from coil.sdk.testing.kit import Kit, recording
 
 pytestmark = pytest.mark.coil_tier("pointwise")
 
@@ -74,3 +74,31 @@ def test_type_promotion(coil_kit: Kit) -> None:
 def test_several_outputs_share_one_kernel(coil_kit: Kit) -> None:
     x = torch.randn(9, 16)
     _one_kernel(coil_kit, lambda x: (x * 2, torch.relu(x) - 1, x.neg()), x)
+
+
+def test_random_numbers(coil_kit: Kit) -> None:
+    """With ``capabilities.random``: ``rand`` equals the reference Philox bit for bit (the
+    graph's seed is its first draw from the device's generator), and dropout is one kernel
+    whose kept elements are ``x * float32(1 / (1 - p))`` exactly."""
+    coil_kit.require("random")
+    from coil.lowering.random import SEED_HIGH, SEED_LOW
+    from coil.sdk.reference import philox_rand
+
+    p = 0.25
+    x = coil_kit.to_device(torch.randn(64, 80) + 3.0)  # no zeros: dropped is exactly 0
+    compiled = coil_kit.compile(lambda x: (torch.rand_like(x), F.dropout(x, p, training=True) * 2))
+    torch.manual_seed(1234)
+    with recording() as report:
+        uniform, dropped = compiled(x)
+    coil_kit.backend.synchronize()
+    coil_kit.assert_kernels(report, count=1)
+    coil_kit.assert_no_fallbacks(report)
+    torch.manual_seed(1234)
+    seed = torch.randint(SEED_LOW, SEED_HIGH, (), dtype=torch.int64, device=x.device)
+    counters = torch.arange(x.numel(), device=x.device).view(x.shape)
+    assert torch.equal(coil_kit.to_cpu(uniform), coil_kit.to_cpu(philox_rand(seed, counters)))
+    dropped, x = coil_kit.to_cpu(dropped), coil_kit.to_cpu(x)
+    kept = dropped != 0
+    assert 0.6 < kept.float().mean() < 0.9, kept.float().mean()
+    scale = torch.tensor(1 / (1 - p), dtype=torch.float32)
+    assert torch.equal(dropped[kept], (x * scale * 2)[kept])
