@@ -26,6 +26,16 @@ from coil.sdk.reference import ReferenceBackend, philox, philox_rand, philox_ran
 aten = torch.ops.aten
 
 
+@pytest.fixture(autouse=True)
+def _cpu_tensors():
+    """These tests route the ``cpu`` device to each plugin, so their tensors are CPU tensors
+    even under ``COIL_TEST_DEVICE=cuda`` (which makes CUDA the default device)."""
+    before = torch.get_default_device()
+    torch.set_default_device("cpu")
+    yield
+    torch.set_default_device(before)
+
+
 @pytest.fixture(params=["cpu_cpp", "triton"])
 def plugin(request):
     """Route the ``cpu`` device to the C++ plugin, or to the Triton plugin's interpreted
@@ -208,7 +218,9 @@ def test_dropout_edge_probabilities_as_eager(plugin, p):
            "eval": lambda x: aten.native_dropout(x, 0.5, False)}
     for name, fn in fns.items():
         report = coil.explain(fn, x)
-        assert not report.fallbacks, name
+        # p=1 stays in ATen (its CPU and CUDA kernels disagree on dropped infinities)
+        expected = ["aten.native_dropout.default"] if p == 1.0 and name != "eval" else []
+        assert report.fallbacks == expected, name
         for got, want in zip(_flat(report.result), _flat(fn(x))):
             # bitwise, signs of zeros and NaNs included
             assert got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan()), name

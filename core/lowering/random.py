@@ -266,8 +266,8 @@ def _scale(keep_prob: float, dtype: torch.dtype) -> float:
 def _native_dropout(ctx: LoweringContext, x: TensorValue, p: Any,
                     train: Any = None) -> tuple[TensorValue, TensorValue]:
     """``(x * mask * scale, mask)`` as eager computes it: ``mask`` keeps each element with
-    probability ``1 - p``, ``scale`` is ``1 / (1 - p)`` (0 for ``p == 1``, so dropped
-    infinities give NaN, as in eager); not training, ``(copy of x, ones)``."""
+    probability ``1 - p``, ``scale`` is ``1 / (1 - p)``; not training, ``(copy of x, ones)``.
+    ``p == 1`` stays in ATen, whose CPU and CUDA kernels give different results for it."""
     meta = ctx.out_meta
     if not (isinstance(meta, (tuple, list)) and len(meta) == 2):
         raise LoweringError(ctx.origin, "expected two results")
@@ -282,6 +282,10 @@ def _native_dropout(ctx: LoweringContext, x: TensorValue, p: Any,
     if train is not None and train is not True:
         raise LoweringError(ctx.origin, f"train={train!r} is not a constant")
     keep_prob = 1.0 - _probability(ctx, p)
+    if keep_prob == 0.0:
+        # eager's kernels disagree here: the CPU one multiplies by a scale of 0 (inf and NaN
+        # inputs give NaN), the CUDA one writes zeros; the device's own kernel decides
+        raise LoweringError(ctx.origin, "p=1 (every element dropped): left to the device's kernel")
     keep = _below(ctx, x.device, x.size, keep_prob)
     opnd = compute_dtype(x.dtype)
     scale = _scale(keep_prob, x.dtype)
