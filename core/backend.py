@@ -29,6 +29,26 @@ def _partition_fn() -> Any:
         return default_partition
 
 
+_warmed: set[str] = set()
+
+
+def _warm_up(example_inputs: Sequence[Any]) -> None:
+    """Let the backend of each device among the inputs start what its first compile needs
+    (``DeviceBackend.warm_up``), once per process, while AOTAutograd traces."""
+    from . import plugins
+    for t in example_inputs:
+        device_type = getattr(getattr(t, "device", None), "type", None)
+        if device_type is None or device_type in _warmed:
+            continue
+        _warmed.add(device_type)
+        backend = plugins.registry().backends.get(device_type)
+        if backend is not None and hasattr(backend, "warm_up"):
+            try:
+                backend.warm_up()
+            except Exception as exc:  # noqa: BLE001 - a head start, never a failure
+                log.debug("warm-up of the %s backend failed: %s", device_type, exc)
+
+
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
                options: dict[str, Any] | None = None, **unused: Any) -> Any:
     """Dynamo backend entry point."""
@@ -36,6 +56,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         from .errors import ConfigError
         raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
+    _warm_up(example_inputs)
     if mode == "reduce-overhead":
         cfg.graph_capture = True
 

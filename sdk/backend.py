@@ -163,6 +163,12 @@ class DeviceBackend:
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""
 
+    def warm_up(self) -> None:
+        """Called once per process, when the first graph with a tensor on this device reaches
+        Coil and before AOTAutograd traces it: start what the first ``compile`` will need
+        (compile workers, a toolchain probe) in the background, so it is ready sooner. Must
+        return at once and never raise; the default does nothing (SDK 0.8.0)."""
+
     def doctor(self) -> list[Check]:
         """Toolchain checks for ``coil doctor`` (compiler found, runtime present...)."""
         return []

@@ -89,6 +89,10 @@ HISTORY: tuple[Release, ...] = (
                "kept point's reads before a later loop's stores over them opts kernels with "
                "reduced dims in (default False)"),
     )),
+    Release("0.8.0", (
+        Change("DeviceBackend.warm_up(): called once per process when the first graph with a "
+               "tensor on the device arrives, before AOTAutograd; start compile workers there"),
+    )),
 )
 
 #: The API version this Coil provides.

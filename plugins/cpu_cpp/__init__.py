@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.7.0"  # current with Coil; uses DeviceBackend.Options, DiskCache, coil.sdk.canonical,
+    return "0.8.0"  # current with Coil; uses DeviceBackend.Options, DiskCache, coil.sdk.canonical,
     #               Capabilities.random, Capabilities.inplace_reductions
 
 

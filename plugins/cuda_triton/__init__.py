@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.7.0"  # uses Check.skip, DiskCache, coil.sdk.canonical, gemm_alignment_bytes, coil.sdk.progress,
-    #               Capabilities.random, Capabilities.inplace_reductions, Kernel.inplace
+    return "0.8.0"  # uses Check.skip, DiskCache, coil.sdk.canonical, gemm_alignment_bytes, coil.sdk.progress,
+    #               Capabilities.random, Capabilities.inplace_reductions, Kernel.inplace, warm_up
 
 
 @sdk.hookimpl

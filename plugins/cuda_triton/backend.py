@@ -182,7 +182,10 @@ class TritonBackend(sdk.DeviceBackend):
         builds = {id(la): la.to_build() for la in launchers}
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
-        if compile_pool.ready() and sum(len(b) for b in builds.values()) > 1:
+        jobs_total = sum(len(b) for b in builds.values())
+        if jobs_total >= compile_pool.WORTH_WAITING:  # started by warm_up: worth a short wait
+            compile_pool.wait_ready(compile_pool.WAIT_S)
+        if compile_pool.ready() and jobs_total > 1:
             jobs, owners = [], []
             for la in launchers:
                 if la.src.name not in in_file:
@@ -198,6 +201,14 @@ class TritonBackend(sdk.DeviceBackend):
         for la in launchers:
             la.precompile()
             count.built(la)
+
+    def warm_up(self) -> None:
+        """Start the compile workers now, while AOTAutograd traces the first graph, so the
+        first graph's kernels build in parallel (they take seconds to import Triton)."""
+        if self.interpret or not torch.cuda.is_available():
+            return
+        major, minor = torch.cuda.get_device_capability()
+        compile_pool.start(major * 10 + minor)
 
     def options_text(self) -> str:
         return f"bounds_check={self.bounds_check};{self.capabilities.cache_key()}"
