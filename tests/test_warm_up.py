@@ -1,5 +1,5 @@
 """``DeviceBackend.warm_up``: called once per process and device when the first graph arrives
-(before AOTAutograd), never failing a compile; and the Triton compile pool's wait."""
+(before AOTAutograd), never failing a compile."""
 from __future__ import annotations
 
 import torch
@@ -49,12 +49,3 @@ def test_a_failing_warm_up_never_fails_the_compile(monkeypatch):
         plugins.reset()
     assert backend.warmed == 1
 
-
-def test_pool_wait_returns_at_once_without_workers(monkeypatch):
-    import time
-
-    from coil_cuda_triton import compile_pool
-    monkeypatch.setattr(compile_pool, "_workers", None)
-    start = time.monotonic()
-    assert compile_pool.wait_ready(5.0) is False
-    assert time.monotonic() - start < 1.0

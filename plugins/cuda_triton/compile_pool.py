@@ -83,24 +83,6 @@ def _serving() -> list[_Worker]:
     return [w for w in _workers or [] if w.ready.is_set() and not w.dead]
 
 
-#: Builds for which the first compile waits up to WAIT_S seconds for starting workers
-#: (one build in-process takes about 0.2-0.5 s; the workers build eight at once).
-WORTH_WAITING, WAIT_S = 24, 10.0
-
-
-def wait_ready(timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for started workers to be ready; False at once when
-    none were started (or all died)."""
-    import time
-    deadline = time.monotonic() + timeout
-    while not ready():
-        alive = [w for w in _workers or [] if not w.dead]
-        if len(alive) < 2 or time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def ready() -> bool:
     """Whether at least two workers are up and warm."""
     return len(_serving()) >= 2
