@@ -32,11 +32,11 @@ def _compiled_dtypes(fn, *args) -> tuple[set[tuple[str, ...]], object]:
     seen: set[tuple[str, ...]] = set()
     original = coil_compile._compile_graph
 
-    def spy(gm, example_inputs, config, kind):
+    def spy(gm, example_inputs, config, kind, *rest):
         for node in gm.graph.nodes:
             if node.op == "call_function" and node.target in OPERANDS:
                 seen.add(tuple(str(node.args[i].meta["val"].dtype) for i in OPERANDS[node.target]))
-        return original(gm, example_inputs, config, kind)
+        return original(gm, example_inputs, config, kind, *rest)
 
     coil_compile._compile_graph = spy
     try:
