@@ -230,6 +230,20 @@ def test_knob_off_means_no_buffer_in_place(backend):
     assert report.inplace == 0 and "in place over" not in _wrapper(report)
 
 
+def test_a_value_a_library_call_and_the_graph_both_take_is_written_once(backend):
+    """GELU's output feeds a matmul (a library call) and leaves the graph (saved for the
+    backward, say): one buffer, one store, not one per taker."""
+    x, w = torch.randn(16, 32), torch.randn(32, 8)
+    def f(x, w):
+        g = F.gelu(x)
+        return g @ w, g
+
+    report = check(f, x, w)
+    (kernel,) = report.kernels
+    stores = kernel.source.count("tl.store(") if backend == "triton" else kernel.source.count("] = coil::cast")
+    assert stores == 1, kernel.source
+
+
 def test_plugin_older_than_the_aliasing_sdk_gets_no_pair(backend):
     """A plugin that declares an SDK before 0.7.0 may assume its pointers never alias
     (``__restrict__``): it never gets an output stored over an input."""

@@ -37,6 +37,9 @@ class LoweringContext:
     #: The graph's seeds and counters, once a random op is lowered (:mod:`.random`).
     random: "RandomStreams | None" = None
     _counter: int = 0
+    #: (id of a lazy value, layout asked for) -> (the value, its buffer, position of the node
+    #: that writes it): a value realized twice in one layout is written once.
+    _realized: dict[tuple[int, Any], tuple[Any, Realized, int]] = field(default_factory=dict)
 
     def new_name(self, prefix: str = "buf") -> str:
         name = f"{prefix}{self._counter}"
@@ -62,6 +65,18 @@ class LoweringContext:
         if isinstance(value, Realized):
             return value
         assert isinstance(value, Lazy), value
+        key = (id(value), layout)
+        known = self._realized.get(key)
+        # the node that wrote it may have gone with a lowering that fell back
+        if known is not None and known[2] < len(self.nodes) and self.nodes[known[2]].name == known[1].name:
+            return known[1]
+        out = self._realize(value, layout, view_ok)
+        writer = next((i for i in range(len(self.nodes) - 1, -1, -1) if self.nodes[i].name == out.name), None)
+        if writer is not None:  # (a view of a realized base has no writer of its own)
+            self._realized[key] = (value, out, writer)
+        return out
+
+    def _realize(self, value: Lazy, layout: Layout | None, view_ok: bool) -> Realized:
         if value.view_of is not None and (layout is None or view_ok):
             base, rebuild = value.view_of
             view = rebuild(self.realize(base))
