@@ -285,23 +285,28 @@ class Scheduler:
     # -- ordering and kernels
 
     def _topo_order(self) -> list[int]:
+        """Groups in dependency order: graph order, except that a ready group which frees
+        more memory than it allocates (the last reader of a big buffer) runs first, so a
+        large intermediate does not stay alive across unrelated work (GPT's qkv projection
+        kept until v's copy at the end of attention)."""
         alive = [g for g, grp in enumerate(self.groups) if grp.alive]
         indeg = {g: 0 for g in alive}
         succ = {g: self._group_succs(g) for g in alive}
         for g in alive:
             for s in succ[g]:
                 indeg[s] += 1
-        import heapq
-        ready = [(min(self.groups[g].members), g) for g in alive if indeg[g] == 0]
-        heapq.heapify(ready)
+        memory = _MemoryView(self, alive)
+        ready = {g for g in alive if indeg[g] == 0}
         order: list[int] = []
         while ready:
-            _, g = heapq.heappop(ready)
+            g = min(ready, key=lambda c: (0 if memory.net_freed(c) > 0 else 1, min(self.groups[c].members)))
+            ready.discard(g)
             order.append(g)
+            memory.scheduled(g)
             for s in succ[g]:
                 indeg[s] -= 1
                 if indeg[s] == 0:
-                    heapq.heappush(ready, (min(self.groups[s].members), s))
+                    ready.add(s)
         assert len(order) == len(alive), "fusion produced a cycle"
         return order
 
@@ -355,6 +360,43 @@ class Scheduler:
         origins = tuple(dict.fromkeys(o for n in members for o in n.origins))
         return Kernel(name, x_ranges, tuple(group.r), knodes, loops, inputs, outputs, internal,
                       sorted(symbols, key=lambda s: s.name), dtypes, origins, special)
+
+
+class _MemoryView:
+    """Bytes of the buffers a group would free (it is their last unscheduled reader) and
+    allocate, for :meth:`Scheduler._topo_order`. Only buffers that nodes write and that are
+    not graph outputs can be freed; symbolic sizes count as 0."""
+
+    def __init__(self, sched: "Scheduler", alive: list[int]) -> None:
+        self.sched = sched
+        outputs = {sched._storage(o.name) for o in sched.graph.outputs if o.name}
+        written = {sched._storage(o) for n in sched.nodes for o in n.outputs()}
+        self.reads: dict[int, set[str]] = {}
+        self.writes: dict[int, set[str]] = {}
+        self.readers: dict[str, set[int]] = {}
+        for g in alive:
+            members = sched.groups[g].members
+            self.reads[g] = {sched._storage(r) for i in members for r in sched.reads[i]} & (written - outputs)
+            self.writes[g] = {sched._storage(o) for i in members for o in sched.nodes[i].outputs()}
+            for name in self.reads[g]:
+                self.readers.setdefault(name, set()).add(g)
+
+    def _bytes(self, name: str) -> int:
+        buf = self.sched.graph.buffers.get(name)
+        if buf is None:
+            return 0
+        n = sympy.Mul(*buf.layout.size) if buf.layout.size else sympy.Integer(1)
+        return int(n) * buf.layout.dtype.itemsize if n.is_number else 0
+
+    def net_freed(self, g: int) -> int:
+        freed = sum(self._bytes(b) for b in self.reads[g] if self.readers.get(b) == {g})
+        if not freed:
+            return 0
+        return freed - sum(self._bytes(b) for b in self.writes[g] - self.reads[g])
+
+    def scheduled(self, g: int) -> None:
+        for name in self.reads[g]:
+            self.readers[name].discard(g)
 
 
 def _special_exprs(node: ir.Node) -> list[sympy.Expr]:
