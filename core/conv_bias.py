@@ -16,6 +16,8 @@ import logging
 import torch
 import torch.fx
 
+from .graph_edit import caller
+
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
@@ -45,15 +47,7 @@ def _splittable(node: torch.fx.Node) -> bool:
 
 
 def _rewrite(graph: torch.fx.Graph, node: torch.fx.Node) -> None:
-    fake = torch._guards.detect_fake_mode([node.meta["val"]])
-
-    def call(target: object, args: tuple) -> torch.fx.Node:
-        new = graph.call_function(target, args)
-        vals = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
-        with fake:
-            new.meta["val"] = target(*vals)
-        new.meta["stack_trace"] = node.meta.get("stack_trace")
-        return new
+    call = caller(graph, node)
 
     out = node.meta["val"]
     bias = node.args[2]

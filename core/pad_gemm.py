@@ -17,6 +17,8 @@ from typing import Callable
 import torch
 import torch.fx
 
+from .graph_edit import caller
+
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
@@ -69,15 +71,7 @@ def _plan(node: torch.fx.Node, alignment_bytes: Callable[[torch.device], int]) -
 
 def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, pad_k: int, pad_n: int) -> None:
     graph = gm.graph
-    fake = torch._guards.detect_fake_mode([node.meta["val"]])
-
-    def call(target: object, args: tuple) -> torch.fx.Node:
-        new = graph.call_function(target, args)
-        vals = torch.fx.node.map_arg(args, lambda n: n.meta["val"])
-        with fake:
-            new.meta["val"] = target(*vals)
-        new.meta["stack_trace"] = node.meta.get("stack_trace")
-        return new
+    call = caller(graph, node)
 
     with graph.inserting_before(node):
         *bias, a, b = node.args

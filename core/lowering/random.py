@@ -176,14 +176,7 @@ def _uniform(ctx: LoweringContext, x: TensorValue, low: Any = 0.0, high: Any = 1
     _no_generator(ctx, generator)
     _generated_dtype(ctx, x.dtype)
     width = float(_number(ctx, high)) - float(_number(ctx, low))
-    draw = draws(ctx, "rand", x.device, x.size)
-    f32 = torch.float32
-
-    def fn(idx: list[Expr]) -> ir.Value:
-        scaled = ir.Op(f32, name="mul", args=(draw(idx), const(width, f32)))
-        return cast(ir.Op(f32, name="add", args=(scaled, const(low, f32))), x.dtype)
-
-    return lazy(x.dtype, x.device, x.size, fn)
+    return _affine_draw(ctx, x, "rand", width, low)
 
 
 @lowering(aten.normal_functional.default)
@@ -194,12 +187,17 @@ def _normal(ctx: LoweringContext, x: TensorValue, mean: Any = 0.0, std: Any = 1.
     _generated_dtype(ctx, x.dtype)
     if float(_number(ctx, std)) < 0:
         raise LoweringError(ctx.origin, f"std {std} < 0: eager raises")
-    draw = draws(ctx, "randn", x.device, x.size)
+    return _affine_draw(ctx, x, "randn", std, mean)
+
+
+def _affine_draw(ctx: LoweringContext, x: TensorValue, op: str, scale: Any, shift: Any) -> TensorValue:
+    """``shift + scale * draw`` in float32, in ``x``'s dtype and size (``op``: rand or randn)."""
+    draw = draws(ctx, op, x.device, x.size)
     f32 = torch.float32
 
     def fn(idx: list[Expr]) -> ir.Value:
-        scaled = ir.Op(f32, name="mul", args=(draw(idx), const(std, f32)))
-        return cast(ir.Op(f32, name="add", args=(scaled, const(mean, f32))), x.dtype)
+        scaled = ir.Op(f32, name="mul", args=(draw(idx), const(scale, f32)))
+        return cast(ir.Op(f32, name="add", args=(scaled, const(shift, f32))), x.dtype)
 
     return lazy(x.dtype, x.device, x.size, fn)
 
