@@ -136,9 +136,11 @@ def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
     def device(k: Kernel) -> torch.device:
         return (k.special or k.nodes[0].node).device
 
+    declared = {p.name: p.api_version for p in reg.plugins}
+
     def knows_aliasing(k: Kernel) -> bool:
-        info = next((p for p in reg.plugins if p.name == reg.providers.get(device(k).type)), None)
-        return info is not None and versions.parse(info.api_version or "0") >= INPLACE_API
+        api = declared.get(reg.providers.get(device(k).type, ""))
+        return api is not None and versions.parse(api or "0") >= INPLACE_API
 
     return InplacePolicy(
         lambda k: knows_aliasing(k) and _capability(reg, device(k), "inplace_reductions", False),

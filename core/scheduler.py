@@ -374,6 +374,7 @@ class _MemoryView:
         self.reads: dict[int, set[str]] = {}
         self.writes: dict[int, set[str]] = {}
         self.readers: dict[str, set[int]] = {}
+        self._sizes: dict[str, int] = {}
         for g in alive:
             members = sched.groups[g].members
             self.reads[g] = {sched._storage(r) for i in members for r in sched.reads[i]} & (written - outputs)
@@ -382,11 +383,12 @@ class _MemoryView:
                 self.readers.setdefault(name, set()).add(g)
 
     def _bytes(self, name: str) -> int:
-        buf = self.sched.graph.buffers.get(name)
-        if buf is None:
-            return 0
-        n = sympy.Mul(*buf.layout.size) if buf.layout.size else sympy.Integer(1)
-        return int(n) * buf.layout.dtype.itemsize if n.is_number else 0
+        got = self._sizes.get(name)
+        if got is None:
+            buf = self.sched.graph.buffers.get(name)
+            n = (sympy.Mul(*buf.layout.size) if buf.layout.size else sympy.Integer(1)) if buf else sympy.Integer(0)
+            got = self._sizes[name] = int(n) * buf.layout.dtype.itemsize if buf and n.is_number else 0
+        return got
 
     def net_freed(self, g: int) -> int:
         freed = sum(self._bytes(b) for b in self.reads[g] if self.readers.get(b) == {g})

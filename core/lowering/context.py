@@ -71,9 +71,9 @@ class LoweringContext:
         if known is not None and known[2] < len(self.nodes) and self.nodes[known[2]].name == known[1].name:
             return known[1]
         out = self._realize(value, layout, view_ok)
-        writer = next((i for i in range(len(self.nodes) - 1, -1, -1) if self.nodes[i].name == out.name), None)
-        if writer is not None:  # (a view of a realized base has no writer of its own)
-            self._realized[key] = (value, out, writer)
+        # a new buffer's writer is the node just added (a view of a realized base has none)
+        if self.nodes and self.nodes[-1].name == out.name:
+            self._realized[key] = (value, out, len(self.nodes) - 1)
         return out
 
     def _realize(self, value: Lazy, layout: Layout | None, view_ok: bool) -> Realized:
