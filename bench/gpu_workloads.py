@@ -41,6 +41,10 @@ class Sizes:
     mlp_in: int
     mlp_hidden: int
     mlp_classes: int
+    gemm: int = 8192  # square GEMM + bias + GELU
+    skinny_k: int = 4096  # decode-like: M in (1, 16, 64) rows against K x N weights
+    skinny_n: tuple[int, ...] = (4096, 14336)
+    attn: tuple[int, int, int, int] = (8, 16, 2048, 64)  # naive attention B, H, T, D
 
 
 FULL = Sizes(numel=2**28, rows=16384, cols=4096, ce_rows=8192, ce_vocab=32768, tiny=64,
@@ -48,7 +52,8 @@ FULL = Sizes(numel=2**28, rows=16384, cols=4096, ce_rows=8192, ce_vocab=32768, t
              mlp_batch=4096, mlp_in=1024, mlp_hidden=4096, mlp_classes=1024)
 SMOKE = Sizes(numel=2**16, rows=64, cols=512, ce_rows=32, ce_vocab=1024, tiny=64,
               gpt_batch=2, gpt_seq=64, gpt_dim=128,
-              mlp_batch=64, mlp_in=64, mlp_hidden=256, mlp_classes=64)
+              mlp_batch=64, mlp_in=64, mlp_hidden=256, mlp_classes=64,
+              gemm=256, skinny_k=128, skinny_n=(128, 256), attn=(2, 2, 64, 32))
 
 
 @dataclass(frozen=True)
@@ -154,6 +159,41 @@ def gpt_block_fn(
     x = x + (y @ w_proj + b_proj)
     h = F.layer_norm(x, (c,), ln2_w, ln2_b)
     return x + (F.gelu(h @ w_fc + b_fc) @ w_out + b_out)
+
+
+def gemm_bias_gelu_fn(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A linear layer with its activation: the GEMM template's epilogue case."""
+    return F.gelu(F.linear(x, w, bias))
+
+
+def naive_attention_fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Attention as many models still write it: scores materialised, softmax, matmul."""
+    scores = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5)
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def _templates(s: Sizes) -> list["Workload"]:
+    n = s.gemm
+    out = [Workload("gemm_bias_gelu", f"gelu(x @ w.T + b), bf16 {n}x{n}x{n}",
+                    lambda dev: (_randn(dev, n, n, dtype=BF16), _randn(dev, n, n, dtype=BF16, scale=n ** -0.5),
+                                 _randn(dev, n, dtype=BF16)),
+                    gemm_bias_gelu_fn, ideal_bytes=(3 * n * n + n) * 2, flops=2 * n ** 3, norm_tol=1e-2)]
+    for j, wide in enumerate(s.skinny_n):
+        for m in (1, 16, 64):
+            k = s.skinny_k
+            out.append(Workload(
+                f"linear_gelu_m{m}" + ("_wide" if j else ""), f"gelu(x @ w.T + b), bf16 M={m} K={k} N={wide}",
+                lambda dev, m=m, k=k, wide=wide: (_randn(dev, m, k, dtype=BF16),
+                                                  _randn(dev, wide, k, dtype=BF16, scale=k ** -0.5),
+                                                  _randn(dev, wide, dtype=BF16)),
+                gemm_bias_gelu_fn, ideal_bytes=(m * k + wide * k + wide + m * wide) * 2,
+                flops=2 * m * k * wide, norm_tol=1e-2))
+    b, h, t, d = s.attn
+    out.append(Workload(
+        "naive_attention", f"softmax(q @ k.T * s) @ v, fp16 B={b} H={h} T={t} D={d}",
+        lambda dev: tuple(_randn(dev, b, h, t, d, dtype=torch.float16) for _ in range(3)),
+        naive_attention_fn, ideal_bytes=4 * b * h * t * d * 2, flops=4 * b * h * t * t * d, norm_tol=1e-2))
+    return out
 
 
 def mlp_train_fn(
@@ -286,5 +326,6 @@ def build(s: Sizes) -> dict[str, Workload]:
                               f"batch={s.mlp_batch} {s.mlp_in}->{s.mlp_hidden}->{s.mlp_classes}",
                  lambda dev: _mlp_inputs(s, dev), mlp_train_fn, ideal_bytes=_mlp_bytes(s),
                  flops=_mlp_flops(s), training=True, norm_tol=1e-2),
+        *_templates(s),
     ]
     return {w.name: w for w in workloads}

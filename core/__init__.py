@@ -22,6 +22,9 @@ def __getattr__(name: str) -> Any:
     if name == "explain":
         from .report import explain
         return explain
+    if name == "cache":  # coil.cache: save_artifacts / load_artifacts
+        import importlib
+        return importlib.import_module(".cache", __name__)
     if name == "register_backend_for_device":
         from .plugins import register_backend_for_device
         return register_backend_for_device

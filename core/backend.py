@@ -11,6 +11,7 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from . import config as config_mod
+from .attention import rewrite_attention
 from .compile import compile_graph
 from .decompositions import table
 
@@ -59,6 +60,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     _warm_up(example_inputs)
     if mode == "reduce-overhead":
         cfg.graph_capture = True
+    if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
+        rewrite_attention(gm)
 
     @torch._disable_dynamo
     def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:

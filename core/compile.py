@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import plugins, progress, selfcheck
+from . import graph_cache, plugins, progress, selfcheck, templates
 from .sdk import versions
 from .config import Config
 from .config import active as config_active
@@ -41,6 +41,12 @@ class KernelReport:
     source: str
     ops: tuple[str, ...]
     num_nodes: int
+    #: Template kernels: the template, the product, what the epilogue holds, how the choice
+    #: against the library is made.
+    template: str = ""
+    #: What the backend chose at run time (template or library, configuration); "" before
+    #: the first launch or when there is no run-time choice.
+    chosen: Callable[[], str] | None = None
 
 
 @dataclass
@@ -59,6 +65,8 @@ class GraphReport:
     reused: int = 0
     #: Kernel outputs stored over an input of their own kernel that died there.
     inplace: int = 0
+    #: Loaded from the graph cache (:mod:`coil.graph_cache`): nothing was lowered or generated.
+    cached: bool = False
 
     @property
     def fallback_ops(self) -> list[str]:
@@ -134,7 +142,7 @@ def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
         return None
 
     def device(k: Kernel) -> torch.device:
-        return (k.special or k.nodes[0].node).device
+        return k.first_node.device
 
     declared = {p.name: p.api_version for p in reg.plugins}
 
@@ -156,6 +164,15 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
+    key = graph_cache.key_for(gm, example_inputs, config, kind, reg)  # before passes rewrite gm
+    hit = graph_cache.load(key, reg, kind, lambda: f"graph{next(_graph_ids)}") if key else None
+    if hit is not None:
+        fn, report, modules = hit
+        if config.debug_dir:
+            _dump(report, config.debug_dir, modules)
+        for obs in list(_observers):
+            obs(report)
+        return fn
     # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
@@ -165,7 +182,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         to_channels_last(gm, lambda device: _capability(reg, device, "conv_channels_last", False))
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
-        lowered = GraphLowering(gm, example_inputs, lowering_registry(), config).run()
+        lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,
+                                templates.offers(reg, config.templates)).run()
     except LoweringError as exc:
         return _eager_graph(gm, kind, exc)
     t1 = time.perf_counter()
@@ -174,6 +192,10 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     policies = {dev: b.scheduling for dev, b in reg.backends.items()}
     sched = schedule(lowered, policies)
     kernels = [s for s in sched.steps if isinstance(s, Kernel)]
+    for k in kernels:  # a library call a template computes is no library call in the report
+        record = k.template.node.record if k.template is not None else None
+        if record is not None:
+            record.kind, record.reason = "template", f"computed by template {k.template.template.name}"
     name = f"graph{next(_graph_ids)}"
     _name_kernels(kernels)
     t2 = time.perf_counter()
@@ -211,12 +233,15 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     for device_type, ks in by_device.items():
         backend, module = compiled_modules[device_type]
         kernel_reports += [KernelReport(k.name, device_type, backend.kernel_source(module, k),
-                                        k.origins, len(k.nodes) or 1) for k in ks]
+                                        k.origins, len(k.nodes) or 1, *_template_report(backend, module, k))
+                           for k in ks]
     report = GraphReport(
         name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
         len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace)
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
+    if key is not None:
+        graph_cache.store(key, report, wrapper, sched.steps, compiled_modules)
     if config.debug_dir:
         _dump(report, config.debug_dir, compiled_modules)
     for obs in list(_observers):
@@ -270,9 +295,26 @@ def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callabl
     return call
 
 
+def _template_report(backend: Any, module: Any, k: Kernel) -> tuple[str, Callable[[], str] | None]:
+    """A template kernel's description and its run-time choice (``("", None)`` otherwise)."""
+    call = k.template
+    if call is None:
+        return "", None
+    node = call.node
+    p = call.problem
+    sizes = "x".join(str(s) for s in (p.batch, p.m, p.n, p.k))
+    bias = f" + {'%g * ' % call.beta if call.beta != 1 else ''}bias" if call.bias is not None else ""
+    epilogue = ", ".join(dict.fromkeys(o for kn in k.nodes for o in kn.node.origins)) or "-"
+    how = ("measured against the library (GEMM, then the epilogue as its own kernel) on the first launch"
+           if call.measure else "forced" if node.force else "the template's heuristic chose it over the library")
+    text = (f"{call.template.name} ({call.template.dialect}): {p.op} BxMxNxK {sizes}, {p.a.dtype} -> "
+            f"{p.out_dtype}{bias}; epilogue: {epilogue}; {how}")
+    choice = getattr(backend, "kernel_choice", None)
+    return text, (lambda: choice(module, k)) if choice is not None else None
+
+
 def _kernel_device(k: Kernel, graph: LoweredGraph) -> str:
-    node = k.special or k.nodes[0].node
-    return node.device.type
+    return k.first_node.device.type
 
 
 #: Ops left out of kernel names (they move no data once fused).

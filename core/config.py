@@ -34,6 +34,7 @@ _FALSE = ("0", "false", "no", "off")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 #: Values of the ``progress`` knob.
+TemplateMode = Literal["auto", "heuristic", "force", "off"]
 ProgressMode = Literal["auto", "on", "off"]
 
 
@@ -86,6 +87,9 @@ class Config:
     #: reads that input only at the index it writes (:mod:`coil.inplace`); off, an output only
     #: takes memory freed by an earlier step.
     inplace_buffers: bool = _knob(True)
+    #: Replace hand-written attention (``softmax(q @ k.mT * scale + mask) @ v``) by one
+    #: ``scaled_dot_product_attention`` call where the two are equivalent (:mod:`coil.attention`).
+    attention_rewrite: bool = _knob(True)
     #: Self-check mode: run every compiled graph beside eager and raise at the first output
     #: that differs.
     check: bool = _knob(False)
@@ -93,6 +97,21 @@ class Config:
     #: seconds (graph, stage, kernels built, seconds): ``auto`` when stderr is a terminal,
     #: ``on`` always, ``off`` never.
     progress: ProgressMode = _knob("auto", choices=get_args(ProgressMode))
+    #: Matrix products with pointwise work after them, as template kernels with that work
+    #: fused (``coil_templates`` plugins, for backends that speak the template's dialect):
+    #: ``auto`` measures the template against the device's library where the backend tunes
+    #: and asks the template's heuristic elsewhere; ``heuristic`` never measures; ``force``
+    #: uses a template wherever one applies, even with nothing to fuse (tests); ``off``
+    #: always calls the library.
+    templates: TemplateMode = _knob("auto", choices=get_args(TemplateMode))
+    #: Keep each compiled graph (wrapper and the backends' exported modules) in the on-disk
+    #: cache, keyed by everything its compile depends on (:mod:`coil.graph_cache`), so a later
+    #: process loads it without lowering or codegen.
+    graph_cache: bool = _knob(True)
+    #: A Redis server shared by many machines behind the local cache
+    #: (``redis://host:port/db``, ``?prefix=NAME`` to share one server between projects;
+    #: :mod:`coil.sdk.remotecache`). Empty: the local cache alone.
+    remote_cache: str = _knob("")
     #: Plugin options set by ``options=`` or :func:`override`: ``"<backend>.<field>"`` -> value.
     plugin_options: dict[str, Any] = dataclasses.field(default_factory=dict, metadata={"knob": False})
     #: ``COIL_*`` environment variables as read with the knobs (plugin options read them too).

@@ -20,6 +20,7 @@ from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
 from .lowering.context import FallbackRecord, layout_from_meta
 from .lowering.values import Lazy, to_sympy
 from .ops import EXACT_OPS
+from .templates import TEMPLATE_OPS, TemplateOffer, offer
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -31,7 +32,13 @@ LIBRARY_OPS = {
     aten._scaled_dot_product_flash_attention_for_cpu.default,
     aten._scaled_dot_product_efficient_attention.default,
     aten._scaled_dot_product_flash_attention.default,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+    aten._scaled_dot_product_efficient_attention_backward.default,
+    aten._scaled_dot_product_flash_attention_backward.default,
 }
+for _name in ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_cudnn_attention_backward"):
+    if hasattr(aten, _name):  # the cuDNN attention ops (torch 2.11 through 2.13 have them)
+        LIBRARY_OPS.add(getattr(aten, _name).default)
 
 
 @dataclass
@@ -118,8 +125,11 @@ class GraphLowering:
     """Lowers one FX graph. Use :meth:`run`."""
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 registry: LoweringRegistry, config: Config) -> None:
+                 registry: LoweringRegistry, config: Config,
+                 templates: "dict[str, TemplateOffer] | None" = None) -> None:
         self.gm = gm
+        #: Device type -> the templates its backend takes (:mod:`coil.templates`).
+        self.templates = templates or {}
         self.example_inputs = list(example_inputs)
         self.registry = registry
         self.ctx = LoweringContext(config)
@@ -216,6 +226,13 @@ class GraphLowering:
             kind = "library" if node.target in LIBRARY_OPS else "fallback"
             reason = "by design" if kind == "library" else "no lowering"
             result = self._fallback(node, args, kwargs, kind, reason)
+            offered = self.templates.get(device_type or "")
+            if offered is not None and node.target in TEMPLATE_OPS:
+                extern = self.ctx.nodes[-1]
+                template = offer(extern, offered) if isinstance(extern, ir.ExternNode) else None
+                if template is not None:
+                    template.record = self.ctx.fallbacks[-1]
+                    self.ctx.nodes[-1] = template
         self._track_origins(args, kwargs, result, mark)
         return self._maybe_realize(node, result, body)
 

@@ -44,7 +44,7 @@ class InplacePolicy:
     pointwise: Callable[[Kernel], bool] = lambda kernel: True
 
     def allows(self, kernel: Kernel) -> bool:
-        if kernel.special is not None or not self.pointwise(kernel):
+        if kernel.special is not None or kernel.template is not None or not self.pointwise(kernel):
             return False
         return not kernel.r_ranges or self.reductions(kernel)
 

@@ -404,6 +404,43 @@ class ExternNode(Node):
         raise ValueError(f"extern call {self.name} touches no tensor, so it has no device")
 
 
+@dataclass
+class TemplateNode(Node):
+    """A matrix product that a template (:mod:`coil.sdk.templates`) may compute with the
+    pointwise nodes after it fused as its epilogue: ``out[b?, m, n] = alpha * sum_k a[b?, m, k]
+    * b[b?, k, n] + beta * bias[b?, m, n]`` (float32, rounded once to the output dtype).
+    ``library`` is the same product as an ATen call: the scheduler runs it instead when no
+    epilogue fuses (a library GEMM alone is the faster kernel)."""
+
+    layout: Layout
+    #: The product's iteration space: (batch?, M, N); written at ``store_index`` over x0...
+    ranges: tuple[Expr, ...]
+    store_index: Expr
+    op: str  # "mm" | "bmm"
+    a: BufferRef
+    b: BufferRef
+    template: Any
+    library: "ExternNode"
+    #: Sized like the output (broadcast dims with stride 0), or None.
+    bias: "BufferRef | None" = None
+    alpha: float = 1.0
+    beta: float = 1.0
+    #: Whether the backend measures the template against the library on first launch.
+    measure: bool = False
+    #: Keep the template even with nothing fused (the ``templates="force"`` knob; tests).
+    force: bool = False
+    #: The graph's record of the library call (its kind becomes "template" when the
+    #: template runs), for reports.
+    record: Any = None
+
+    def reads(self) -> set[str]:
+        return {self.a.name, self.b.name} | ({self.bias.name} if self.bias is not None else set())
+
+    @property
+    def device(self) -> torch.device:
+        return self.layout.device
+
+
 @dataclass(frozen=True)
 class BufferRef:
     """A tensor argument of an extern call: a realized buffer seen through ``layout`` (which

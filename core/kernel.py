@@ -8,6 +8,7 @@ Loop variables are ``x0..`` over ``x_ranges`` (the kept, parallel dims) and ``r0
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import sympy
 
@@ -39,6 +40,36 @@ class Loop:
 
 
 @dataclass
+class TemplateCall:
+    """The matrix product a template kernel starts with (``Kernel.template``).
+
+    The kernel computes ``problem`` with ``template`` (:mod:`coil.sdk.templates`), then, per
+    output element, ``alpha * product + beta * bias`` in float32 when ``bias`` is set (an
+    ``addmm``: one rounding, as the GEMM library's own epilogue does), rounded to
+    ``problem.out_dtype``: that is the value of buffer ``output``. The kernel's nodes (the
+    epilogue, all at level ``"x"`` over ``x_ranges`` = the product's (batch?, M, N)) read it
+    at ``store_index``; it is stored there unless ``output`` is in ``Kernel.internal``.
+    Operands and bias name kernel input buffers; their sizes, strides and offsets are in
+    elements of those buffers."""
+
+    template: Any
+    problem: Any  # coil.sdk.templates.GemmProblem
+    output: str
+    store_index: Expr
+    bias: Any = None  # coil.sdk.templates.Operand, sized like the output (broadcast strides 0)
+    alpha: float = 1.0
+    beta: float = 1.0
+    #: Whether the backend should measure the template against its library (``unfused``)
+    #: on the first launch and keep the faster (else the template runs).
+    measure: bool = False
+    #: The :class:`coil.ir.TemplateNode` the call comes from (reports, self-check).
+    node: Any = None
+    #: The same epilogue as a kernel of its own, reading ``output`` from memory: with the
+    #: library's product it is what the template competes against (None: no epilogue).
+    unfused: "Kernel | None" = None
+
+
+@dataclass
 class Kernel:
     name: str
     x_ranges: tuple[Expr, ...]
@@ -64,6 +95,17 @@ class Kernel:
     #: passes the same memory for both; generated code must not assume they differ (no
     #: ``__restrict__``, no reordering of a store before an earlier load of the other buffer).
     inplace: dict[str, str] = field(default_factory=dict)
+    #: The matrix product the kernel starts with (a template kernel), else None.
+    template: TemplateCall | None = None
+
+    @property
+    def first_node(self) -> ir.Node:
+        """A node of the kernel (its device is the kernel's)."""
+        if self.special is not None:
+            return self.special
+        if self.template is not None:
+            return self.template.node
+        return self.nodes[0].node
 
     @property
     def x_vars(self) -> list[sympy.Symbol]:

@@ -46,6 +46,8 @@ class Registry:
     errors: list[PluginError] = field(default_factory=list)
     lowerings: list[tuple[Any, Any, str | None]] = field(default_factory=list)
     graph_passes: list[Any] = field(default_factory=list)
+    #: Matrix-product templates (``coil_templates`` hook), in load order.
+    templates: list[Any] = field(default_factory=list)
     #: Whether entry-point plugins were loaded (False under ``COIL_NO_AUTOLOAD=1``).
     autoload: bool = True
     #: Plugin names skipped by ``COIL_BLOCK_PLUGINS``.
@@ -130,6 +132,10 @@ def _add_plugin(reg: Registry, module: Any, info: PluginInfo) -> None:
                 raise PluginError(info.name, f"backend {b!r} has no device_type")
         lowerings = _call(pm, "coil_lowerings", info.name) or []
         passes = _call(pm, "coil_graph_passes", info.name) or []
+        templates = _call(pm, "coil_templates", info.name) or []
+        for t in templates:
+            if not getattr(t, "dialect", "") or not getattr(t, "name", ""):
+                raise PluginError(info.name, f"template {t!r} has no name or no dialect")
     except PluginError:
         pm.unregister(name=info.name)
         raise
@@ -142,6 +148,7 @@ def _add_plugin(reg: Registry, module: Any, info: PluginInfo) -> None:
         _serve(reg, b, info)
     reg.lowerings.extend(lowerings)
     reg.graph_passes.extend(passes)
+    reg.templates.extend(templates)
     reg.plugins.append(info)
 
 

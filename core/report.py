@@ -58,13 +58,19 @@ def format_graph(g: GraphReport) -> str:
     lines = [f"== {g.name} ({g.kind}): {len(g.kernels)} kernel(s), "
              f"{len(g.fallback_ops)} fallback(s), {len(g.library_ops)} library call(s), "
              f"planned peak {g.peak_bytes / 2**20:.2f} MiB "
-             f"({g.inplace} buffer(s) in place, {g.reused} reused)"]
+             f"({g.inplace} buffer(s) in place, {g.reused} reused)"
+             f"{'; loaded from the graph cache' if getattr(g, 'cached', False) else ''}"]
     lines.append("   compile seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in g.stage_seconds.items()))
     for f in g.fallbacks:
-        label = "library" if f.kind == "library" else "FALLBACK"
+        label = {"library": "library", "template": "template"}.get(f.kind, "FALLBACK")
         lines.append(f"   {label}: {f.op} ({f.reason})")
     for k in g.kernels:
         lines.append(f"-- kernel {k.name} [{k.device}] fuses {', '.join(k.ops) or '-'}")
+        if k.template:
+            lines.append(f"   template: {k.template}")
+            chosen = k.chosen() if k.chosen is not None else ""
+            if chosen:
+                lines.append(f"   chosen: {chosen}")
         lines.extend("   " + line for line in k.source.rstrip().splitlines())
     return "\n".join(lines)
 

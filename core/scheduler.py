@@ -4,6 +4,7 @@ order of the resulting steps. The device's ``Scheduling`` (from its plugin) can 
 and bounds the kernel size; every refusal is recorded with its reason."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
@@ -13,12 +14,13 @@ import sympy
 from . import config, ir
 from .graph import LoweredGraph
 from .loop_order import memory_order, permute
-from .kernel import Kernel, KernelNode, Loop
-from .symbolic import simplify_index
+from . import templates
+from .kernel import Kernel, KernelNode, Loop, TemplateCall
+from .symbolic import FloorDiv, ModIdx, fold_divmod, simplify_index
 
 log = logging.getLogger(__name__)
 
-FUSABLE = (ir.PointwiseNode, ir.ReductionNode)
+FUSABLE = (ir.PointwiseNode, ir.ReductionNode, ir.TemplateNode)
 
 
 class FusionPolicy(Protocol):
@@ -56,7 +58,7 @@ class Schedule:
 
 
 def _node_group(node: ir.Node) -> tuple[tuple, tuple] | None:
-    if isinstance(node, ir.PointwiseNode):
+    if isinstance(node, (ir.PointwiseNode, ir.TemplateNode)):
         return tuple(node.ranges), ()
     if isinstance(node, ir.ReductionNode):
         return tuple(node.ranges), tuple(node.reduction_ranges)
@@ -160,6 +162,8 @@ class Scheduler:
             members = [self.nodes[i] for i in groups[gi].members]
             if isinstance(members[0], ir.ExternNode):
                 steps.append(members[0])
+            elif isinstance(members[0], ir.TemplateNode) and len(members) == 1 and not members[0].force:
+                steps.append(members[0].library)  # nothing fused: the library's GEMM alone wins
             else:
                 steps.append(self._make_kernel(f"k{k}", groups[gi], members))
         return Schedule(steps, self.decisions)
@@ -184,9 +188,51 @@ class Scheduler:
     def _try_fuse(self, ga: int, gb: int) -> bool:
         A, B = self.groups[ga], self.groups[gb]
         names = (self._label(A), self._label(B))
+        if self._template(A) is not None or self._template(B) is not None:
+            return self._try_epilogue(ga, gb, names)
         space = _combine((A.x, A.r), (B.x, B.r))
         if space is None:
             return self._decide(names, False, "iteration spaces differ")
+        return self._fuse_checked(ga, gb, names, space)
+
+    def _template(self, g: Group) -> int | None:
+        """The member that is a template node (always the group's first), if any."""
+        first = g.members[0]
+        return first if isinstance(self.nodes[first], ir.TemplateNode) else None
+
+    def _try_epilogue(self, ga: int, gb: int, names: tuple[str, str]) -> bool:
+        """Fuse pointwise consumers of a template's product into its kernel (the epilogue).
+        A consumer over a reshape of the product's space with the same last dim (a linear
+        layer's ``view`` back to (batch, tokens, features)) is re-indexed onto it."""
+        A, B = self.groups[ga], self.groups[gb]
+        if self._template(A) is None:
+            A, B, ga, gb = B, A, gb, ga
+        t = self._template(A)
+        assert t is not None
+        if self._template(B) is not None:
+            return self._decide(names, False, "two templates")
+        if any(not isinstance(self.nodes[i], ir.PointwiseNode) for i in B.members):
+            return self._decide(names, False, "only pointwise nodes fuse after a template")
+        if any(p in B.members for p in self.preds[t]):
+            return self._decide(names, False, "prologue fusion into a template is not supported")
+        written = {o for i in A.members for o in self.nodes[i].outputs()}
+        if not any(self.reads[i] & written for i in B.members):
+            return self._decide(names, False, "not a consumer of the template's product")
+        saved = {i: self.nodes[i] for i in B.members}
+        if tuple(B.x) != tuple(A.x):
+            for i in B.members:
+                moved = _rerange(self.nodes[i], tuple(A.x))  # type: ignore[arg-type]
+                if moved is None:
+                    return self._decide(names, False, "iteration spaces differ")
+                self.nodes[i] = moved
+        if self._fuse_checked(ga, gb, names, (tuple(A.x), ())):
+            return True
+        for i, node in saved.items():
+            self.nodes[i] = node
+        return False
+
+    def _fuse_checked(self, ga: int, gb: int, names: tuple[str, str], space: tuple[tuple, tuple]) -> bool:
+        A, B = self.groups[ga], self.groups[gb]
         members = sorted(A.members + B.members)
         nodes = [self.nodes[i] for i in members]
         device = nodes[0].device
@@ -272,6 +318,8 @@ class Scheduler:
         """The node's level in a kernel over ``space``, and its body and store index there."""
         x, r = space
         ranges = {**{_x(i): n for i, n in enumerate(x)}, **{_r(i): n for i, n in enumerate(r)}}
+        if isinstance(node, ir.TemplateNode):
+            return "x", ir.Const(node.layout.dtype, 0), simplify_index(node.store_index, ranges)
         if isinstance(node, ir.ReductionNode):
             return "r", _simplify_value(node.body, ranges), simplify_index(node.store_index, ranges)
         assert isinstance(node, ir.PointwiseNode)
@@ -318,9 +366,10 @@ class Scheduler:
                           for name in node.aliases}
         graph_outputs = {o.name for o in self.graph.outputs if o.name}
         special = members[0] if isinstance(members[0], (ir.ScanNode, ir.ScatterNode)) else None
+        template = members[0] if isinstance(members[0], ir.TemplateNode) else None
         knodes: list[KernelNode] = []
         if special is None:
-            for node in members:
+            for node in members[1:] if template is not None else members:
                 level, body, store = self._place(node, (group.x, group.r))
                 stores = tuple(self._storage(o) for o in node.outputs())
                 knodes.append(KernelNode(node, level, body, store, stores))
@@ -331,15 +380,15 @@ class Scheduler:
         for buf in written:
             if buf in outside_reads or buf in graph_outputs or self._storage(buf) != buf:
                 continue
-            if _local_to_loop(buf, loops):
-                internal.add(buf)
+            if _local_to_loop(buf, loops) or (template is not None and buf == template.name):
+                internal.add(buf)  # a template's product is a value of each epilogue point
         outputs = sorted({self._storage(b) for b in written} - internal, key=_natural)
         reads: set[str] = set()
         for i in group.members:
             reads |= {self._storage(r) for r in self.reads[i]}
         inputs = sorted(reads - written - set(outputs), key=_natural)
         x_ranges = tuple(group.x)
-        perm = memory_order(x_ranges, knodes, set(outputs)) if special is None else None
+        perm = memory_order(x_ranges, knodes, set(outputs)) if special is None and template is None else None
         if perm is not None:
             x_ranges, knodes = permute(perm, x_ranges, knodes)
             loops = _loops(knodes)
@@ -352,14 +401,30 @@ class Scheduler:
             exprs += [v.size for v in ir.walk(kn.body) if isinstance(v, ir.Indirect)]
         if special is not None:
             exprs += _special_exprs(special)
+        if template is not None:
+            exprs.append(template.store_index)
         for e in exprs:
             if isinstance(e, sympy.Basic):
                 symbols |= {s for s in e.free_symbols if _is_size_symbol(s)}
         dtypes = {b: self.graph.buffers[b].layout.dtype for b in
                   set(inputs) | set(outputs) | internal if b in self.graph.buffers}
         origins = tuple(dict.fromkeys(o for n in members for o in n.origins))
-        return Kernel(name, x_ranges, tuple(group.r), knodes, loops, inputs, outputs, internal,
-                      sorted(symbols, key=lambda s: s.name), dtypes, origins, special)
+        kernel = Kernel(name, x_ranges, tuple(group.r), knodes, loops, inputs, outputs, internal,
+                        sorted(symbols, key=lambda s: s.name), dtypes, origins, special)
+        if template is not None:
+            kernel.template = self._template_call(name, group, template)
+        return kernel
+
+    def _template_call(self, name: str, group: Group, node: ir.TemplateNode) -> TemplateCall:
+        """The product of a template kernel, and its epilogue as a kernel of its own (what the
+        template competes against, after the library's product)."""
+        unfused = None
+        if len(group.members) > 1:
+            rest = Group(group.members[1:], group.x, group.r)
+            unfused = self._make_kernel(f"{name}_epilogue", rest, [self.nodes[i] for i in rest.members])
+        return TemplateCall(node.template, templates.problem_of(node, self._storage), node.name,
+                            node.store_index, templates.bias_operand(node, self._storage),
+                            node.alpha, node.beta, node.measure, node, unfused)
 
 
 class _MemoryView:
@@ -440,6 +505,31 @@ def _r(i: int) -> sympy.Symbol:
 
 def _simplify_value(value: ir.Value, ranges: dict) -> ir.Value:
     return ir.map_indices(value, lambda e: simplify_index(e, ranges))
+
+
+def _rerange(node: ir.PointwiseNode, target: tuple) -> ir.PointwiseNode | None:
+    """``node`` over ``target`` ranges instead of its own, when both have the same number of
+    points and the same last dim: its leading dims are the flat leading dim of ``target``
+    split by div/mod (which index simplification folds back where the layout is dense)."""
+    if not isinstance(node, ir.PointwiseNode) or node.mutates or len(target) != 2 or not node.ranges:
+        return None
+    ranges = tuple(node.ranges)
+    if ranges[-1] != target[-1] or sympy.expand(sympy.Mul(*ranges[:-1]) - target[0]) != 0:
+        return None
+    flat, last = _x(0), _x(1)
+    mapping: dict = {_x(len(ranges) - 1): last}
+    q: sympy.Expr = flat
+    for d in range(len(ranges) - 2, 0, -1):
+        mapping[_x(d)] = ModIdx(q, ranges[d])
+        q = FloorDiv(q, ranges[d])
+    mapping[_x(0)] = q
+    bounds = {flat: target[0], last: target[1]}
+
+    def fix(e: sympy.Expr) -> sympy.Expr:
+        return simplify_index(fold_divmod(e), bounds)
+    body = ir.map_indices(ir.reindex_value(node.body, mapping), fix)
+    store = fix(node.store_index.xreplace(mapping))
+    return dataclasses.replace(node, ranges=tuple(target), body=body, store_index=store)
 
 
 def _loops(knodes: list[KernelNode]) -> list[Loop]:

@@ -142,6 +142,8 @@ def producers(lowered: LoweredGraph, steps: Sequence[object]) -> GraphProducers:
                 names |= set(kn.node.outputs()) | set(kn.stores)
             if step.special is not None:
                 names |= set(step.special.outputs())
+            if step.template is not None:
+                names.add(step.template.output)
         elif isinstance(step, ir.ExternNode):
             op = _op_name(step.op)
             who = Producer(step.kind, op, (op,), i, fed_by=_feeders(step, writer))

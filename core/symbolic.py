@@ -139,6 +139,33 @@ def simplify_index(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) 
     return visit(expr)
 
 
+def fold_divmod(expr: sympy.Expr) -> sympy.Expr:
+    """``c*b*FloorDiv(a, b) + c*ModIdx(a, b)`` folded back into ``c*a``, repeatedly: a flat
+    index split into dims by div/mod and recombined through a dense layout is the flat index
+    again."""
+    if not expr.has(ModIdx):
+        return expr
+    terms = list(sympy.Add.make_args(sympy.expand(expr)))
+    changed = True
+    while changed:
+        changed = False
+        for t in terms:
+            coeff, rest = t.as_coeff_Mul()
+            mods = [f for f in sympy.Mul.make_args(rest) if isinstance(f, ModIdx)]
+            if len(mods) != 1:
+                continue
+            mod = mods[0]
+            a, b = mod.args
+            partner = sympy.expand(t / mod * b * FloorDiv(a, b))
+            if partner in terms:
+                terms.remove(t)
+                terms.remove(partner)
+                terms.append(sympy.expand(t / mod * a))
+                changed = True
+                break
+    return sympy.Add(*terms)
+
+
 class ExprPrinter:
     """Prints index expressions as source text. Plugins override the spellings of floor
     division, modulo, min/max and integer literals for their language."""

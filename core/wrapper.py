@@ -189,7 +189,7 @@ class WrapperWriter:
             if not isinstance(step, Kernel):
                 continue
             backend, module_var = self.launchers[step.name]
-            node = step.special or step.nodes[0].node
+            node = step.first_node
             device = node.device
             if (module_var, str(device)) in seen:
                 continue

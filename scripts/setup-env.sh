@@ -12,7 +12,15 @@ if ! .venv/bin/python -c "import torch, triton, sys; sys.exit(0 if torch.__versi
   echo "coil: installing torch==2.13.0 and triton==3.6.0" >&2
   .venv/bin/python -m pip install -q --disable-pip-version-check "torch==2.13.0" "triton==3.6.0"
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,remote]"
+# tests/test_remote_cache.py starts its own redis-server (Debian's package); without root
+# (CI) it is skipped there, and those tests skip saying so
+if ! command -v redis-server >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "coil: installing redis-server (for the remote-cache tests)" >&2
+  apt-get install -y -q redis-server >/dev/null 2>&1 || \
+    { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q redis-server >/dev/null 2>&1; } || \
+    echo "coil: could not install redis-server; tests/test_remote_cache.py will skip" >&2
+fi
 # The model suite's public definitions (tests/models). torch stays pinned in the same command,
 # else pip takes a newer (CUDA) torch for them; torchvision's wheel pins one torch release
 # and comes without its dependencies (its C++ ops are not needed: see tests/models/imports.py).

@@ -28,6 +28,9 @@ _LAZY = {
     "Scheduling": "coil.sdk.backend", "CodeWriter": "coil.sdk.codewriter",
     "hookimpl": "coil.sdk.hookspecs", "ReferenceBackend": "coil.sdk.reference",
     "DiskCache": "coil.sdk.diskcache",
+    "Template": "coil.sdk.templates", "TemplateConfig": "coil.sdk.templates",
+    "GemmProblem": "coil.sdk.templates", "Operand": "coil.sdk.templates",
+    "TemplateCall": "coil.kernel",
 }
 
 
@@ -60,5 +63,6 @@ __all__ = [
     "Const", "Op", "Cast", "Masked", "IndexValue", "Indirect", "PointwiseNode", "ReductionNode",
     "ScanNode", "ScatterNode", "ExternNode", "REDUCTION_TYPES", "POINTWISE_OPS", "ExprPrinter",
     "FloorDiv", "ModIdx", "walk", "loads", "KernelCompileError", "ToolchainError", "PluginError",
-    "compatibility", "ReferenceBackend", "Expr", "DiskCache",
+    "compatibility", "ReferenceBackend", "Expr", "DiskCache", "Template", "TemplateConfig",
+    "GemmProblem", "Operand", "TemplateCall",
 ]

@@ -57,6 +57,10 @@ class Capabilities:
     #: running its loops in order, or a barrier between them; not split across launches that
     #: store first). Pointwise kernels write in place on every backend. Default False.
     inplace_reductions: bool = False
+    #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
+    #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
+    #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.
+    template_dialects: frozenset[str] = frozenset()
     compiler: str = ""
     compiler_version: str = ""
 
@@ -146,6 +150,37 @@ class DeviceBackend:
 
     def kernel_source(self, compiled: Any, kernel: Any) -> str:
         """Generated source of one kernel (for reports and ``COIL_DEBUG_DIR``)."""
+        return ""
+
+    def export_module(self, compiled: Any) -> bytes | None:
+        """``compiled`` (what :meth:`compile` returned) as bytes that :meth:`import_module`
+        turns back into an equivalent object, in another process or on another machine
+        whose :meth:`target_key` is the same; None when it cannot be exported (then the
+        graph is not kept in Coil's graph cache). Keep what a second process needs to skip
+        codegen and, where it can, the build: a shared library's bytes, or kernel source a
+        build cache hits on. The default: None (SDK 0.10.0)."""
+        return None
+
+    def import_module(self, data: bytes, graph_name: str) -> Any:
+        """The compiled module that :meth:`export_module` exported as ``data``, loaded here
+        (launches work as after :meth:`compile`; ``call_line`` and ``prologue`` lines written
+        then call it). Called instead of ``compile`` on a graph-cache hit, so no ``Kernel``
+        is at hand: ``kernel_source`` and ``kernel_choice`` then get an object with only a
+        ``name``. Raise or return None when ``data`` is unusable (the graph then compiles as
+        usual). The default: None (SDK 0.10.0)."""
+        return None
+
+    def target_key(self) -> str:
+        """The machine and toolchain the compiled code is for (a CPU model and compiler
+        version, a GPU and its architecture): it enters graph-cache keys, and artifacts from
+        another machine whose backend gives a different one are refused with both values.
+        The default: "" (SDK 0.10.0)."""
+        return ""
+
+    def kernel_choice(self, compiled: Any, kernel: Any) -> str:
+        """What the backend chose for ``kernel`` at run time (a template kernel: the template
+        with its configuration, or the library), for ``coil.explain``; "" when nothing was
+        chosen yet or there is no run-time choice (SDK 0.9.0)."""
         return ""
 
     def prologue(self, module_var: str, device: torch.device) -> list[str]:

@@ -1,5 +1,7 @@
-"""``coil cache stats|clear``: what Coil's on-disk cache (:mod:`coil.sdk.diskcache`) holds per
-namespace against its size cap, and emptying it. Registered in ``coil.cli``."""
+"""``coil cache stats|clear|export FILE|import FILE``: what Coil's on-disk cache
+(:mod:`coil.sdk.diskcache`) holds per namespace against its size cap, emptying it, and
+moving it to another machine as a bundle of artifacts (:mod:`coil.cache`). Registered in
+``coil.cli``."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +10,7 @@ import sys
 
 from .diskcache import clear, max_bytes, namespaces, stats, unmanaged
 
-HELP = "show (stats) or empty (clear) Coil's on-disk cache"
+HELP = "show (stats), empty (clear), export or import Coil's on-disk cache"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -17,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     clear_parser = sub.add_parser("clear", help="delete the cached files")
     clear_parser.add_argument("namespaces", nargs="*",
                               help="only these namespaces (default: every managed one)")
+    export_parser = sub.add_parser("export", help="write every cached entry to FILE (an artifact bundle)")
+    export_parser.add_argument("file")
+    import_parser = sub.add_parser("import", help="load an artifact bundle (coil cache export, "
+                                                  "coil.cache.save_artifacts) into the cache")
+    import_parser.add_argument("file")
 
 
 def _human(n: float) -> str:
@@ -36,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"coil cache: {exc}", file=sys.stderr)
         return 2
+    if args.cache_command in ("export", "import"):
+        return _transfer(args.cache_command, args.file, root)
     if args.cache_command == "clear":
         known = [ns.name for ns in namespaces(root)]
         unknown = [n for n in args.namespaces if n not in known]
@@ -65,4 +74,22 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("not managed here (no size cap; `coil cache clear` leaves them): "
               + ", ".join(f"{name} ({_human(size)})" for name, size in others))
+    return 0
+
+
+def _transfer(command: str, file: str, root: str) -> int:
+    from coil import cache
+    if command == "export":
+        data = cache.export_cache()
+        with open(file, "wb") as f:
+            f.write(data)
+        print(f"wrote {_human(len(data))} of cached entries from {root} to {file}")
+        return 0
+    try:
+        with open(file, "rb") as f:
+            summary = cache.load_artifacts(f.read())
+    except (OSError, ValueError) as exc:
+        print(f"coil cache import: {exc}", file=sys.stderr)
+        return 2
+    print(summary)
     return 0

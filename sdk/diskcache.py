@@ -66,6 +66,9 @@ _TEMP = re.compile(r"\.(\d+)@([0-9a-f]{8})\.[0-9a-f]+\.tmp$")
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
 _CHUNK = 1 << 20
 _last_sweep: dict[Path, float] = {}  # cache root -> time.monotonic() of this process's last sweep
+#: Entries this process read or wrote: (namespace folder, key, suffix) -> fanout, in order
+#: (``coil.cache.save_artifacts`` bundles them).
+used: dict[tuple[str, str, str], bool] = {}
 
 
 def max_bytes() -> int:
@@ -175,10 +178,11 @@ class DiskCache:
                     _check(f)
                 except _Damaged as exc:
                     self._quarantine(path, f, str(exc))
-                    return None
+                    return path if self._from_remote(key, suffix) is not None else None
         except FileNotFoundError:
-            return None
+            return path if self._from_remote(key, suffix) is not None else None
         _touch(path)
+        used[(str(self.folder), key, suffix)] = self.fanout
         return path
 
     def read(self, key: str, suffix: str = "") -> bytes | None:
@@ -190,12 +194,13 @@ class DiskCache:
                     size = _check(f)
                 except _Damaged as exc:
                     self._quarantine(path, f, str(exc))
-                    return None
+                    return self._from_remote(key, suffix)
                 f.seek(0)
                 data = f.read(size)
         except FileNotFoundError:
-            return None
+            return self._from_remote(key, suffix)
         _touch(path)
+        used[(str(self.folder), key, suffix)] = self.fanout
         return data
 
     def write(self, key: str, suffix: str, data: bytes) -> Path:
@@ -204,11 +209,34 @@ class DiskCache:
             tmp.write_bytes(data)
         return self.path(key, suffix)
 
+    def _from_remote(self, key: str, suffix: str) -> bytes | None:
+        """On a local miss: the entry from the remote cache (``remote_cache`` knob), stored
+        locally too; None without one, or when it lacks the entry."""
+        from .remotecache import current
+        remote = current()
+        data = remote.get(self.folder.name, key, suffix) if remote is not None else None
+        if data is not None:
+            with self.producing(key, suffix, remote=False) as tmp:
+                tmp.write_bytes(data)
+            used[(str(self.folder), key, suffix)] = self.fanout
+        return data
+
+    def _to_remote(self, key: str, suffix: str, path: Path) -> None:
+        from .remotecache import MAX_ENTRY_BYTES, current
+        remote = current()
+        if remote is None:
+            return
+        size = path.stat().st_size - TRAILER_LEN
+        if 0 <= size <= MAX_ENTRY_BYTES:
+            with open(path, "rb") as f:
+                remote.put(self.folder.name, key, suffix, f.read(size))
+
     @contextlib.contextmanager
-    def producing(self, key: str, suffix: str = "") -> Iterator[Path]:
+    def producing(self, key: str, suffix: str = "", *, remote: bool = True) -> Iterator[Path]:
         """A temporary path for a tool to write the entry to (a compiler's ``-o``). When the
-        block ends normally the file gets its checksum and becomes the entry; when it
-        raises, the file is removed. The path is not created: the tool creates it."""
+        block ends normally the file gets its checksum and becomes the entry (sent to the
+        remote cache too, unless ``remote`` is False); when it raises, the file is removed.
+        The path is not created: the tool creates it."""
         final = self.path(key, suffix)
         final.parent.mkdir(exist_ok=True)
         tmp = _temp_for(final)
@@ -219,6 +247,9 @@ class DiskCache:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+        used[(str(self.folder), key, suffix)] = self.fanout
+        if remote:
+            self._to_remote(key, suffix, final)
         if time.monotonic() - _last_sweep.get(self.root, 0.0) >= SWEEP_INTERVAL_S:
             self.sweep()
 
@@ -405,6 +436,32 @@ def stats(root: str | os.PathLike[str]) -> list[NamespaceStats]:
             ns.name, entries, sum(1 for f in mine if f.kind == "entry") - entries,
             sum(f.size for f in mine), sum(1 for f in mine if f.kind == "temp"),
             sum(1 for f in mine if f.kind == "quarantine")))
+    return out
+
+
+@dataclass(frozen=True)
+class EntryRef:
+    """Where one entry lives: its namespace, key, suffix and whether the namespace fans out."""
+
+    namespace: str
+    key: str
+    suffix: str
+    fanout: bool
+    path: Path
+
+
+def entries(root: str | os.PathLike[str]) -> list[EntryRef]:
+    """Every entry (a file with a trailer; companions, temporaries and quarantine left out)
+    of the managed namespaces under ``root``."""
+    out = []
+    for f in _files(root):
+        if f.kind != "entry" or not _is_entry(f.path, f.size):
+            continue
+        key = _KEY.match(f.path.name)
+        if key is None:
+            continue
+        fanout = f.path.parent.name != f.namespace
+        out.append(EntryRef(f.namespace, key[0], f.path.name[key.end():], fanout, f.path))
     return out
 
 

@@ -38,3 +38,10 @@ def coil_lowerings() -> "list[tuple[Any, Any, str | None]]":
 def coil_graph_passes() -> "list[Any]":
     """FX passes ``fn(gm: torch.fx.GraphModule) -> None`` run on every ATen graph before
     lowering (pattern rewrites, for example)."""
+
+
+@hookspec
+def coil_templates() -> "list[Any]":
+    """Matrix-product templates (:class:`coil.sdk.templates.Template`) for every device whose
+    backend speaks their dialect (``Capabilities.template_dialects``): a capability plugin
+    adds GEMM kernels with fused epilogues to devices other plugins serve (SDK 0.9.0)."""

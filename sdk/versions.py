@@ -93,6 +93,22 @@ HISTORY: tuple[Release, ...] = (
         Change("DeviceBackend.warm_up(): called once per process when the first graph with a "
                "tensor on the device arrives, before AOTAutograd; start compile workers there"),
     )),
+    Release("0.9.0", (
+        Change("hook coil_templates() and coil.sdk.templates (Template, GemmProblem, Operand, "
+               "TemplateConfig): matrix-product templates in a dialect ('triton', 'cpp') that "
+               "backends embed with the fused epilogue"),
+        Change("DeviceBackend.kernel_choice(compiled, kernel): what the backend chose at run "
+               "time for a kernel (template or library), shown by coil.explain"),
+        Change("Capabilities.template_dialects: the template dialects a backend embeds "
+               "(default none); Kernel.template: the product a kernel starts with"),
+    )),
+    Release("0.10.0", (
+        Change("DeviceBackend.export_module(compiled) -> bytes | None and "
+               "import_module(data, graph_name): a compiled module saved in Coil's graph cache "
+               "and portable artifacts, loaded without codegen (default None: not cached)"),
+        Change("DeviceBackend.target_key(): the hardware and toolchain compiled code is for, in "
+               "graph-cache keys and compared when artifacts are loaded (default '')"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -38,6 +38,19 @@ def _route_backend():
 
 
 @pytest.fixture(autouse=True)
+def _no_graph_cache(request):
+    """Tests compile afresh: a graph-cache hit would skip the code a test patches or observes
+    (a recorded ``library_for``, a progress line). The graph cache's own tests (marker
+    ``graph_cache``) keep it on; subprocesses read the environment and keep it on too."""
+    if request.node.get_closest_marker("graph_cache"):
+        yield
+        return
+    from coil import config
+    with config.override(graph_cache=False):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
     yield

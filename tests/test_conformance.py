@@ -31,12 +31,13 @@ from coil_cpu_cpp.backend import CppBackend
 
 
 class LimitedBackend(CppBackend):
-    """No reductions, no backward, no dynamic shapes, no half types."""
+    """No reductions, no backward, no dynamic shapes, no half types, no templates."""
     def __init__(self):
         super().__init__()
         self.capabilities = dataclasses.replace(
             self.capabilities, reductions=frozenset(), backward=False, dynamic_shapes=False,
-            dtypes=self.capabilities.dtypes - {torch.float16, torch.bfloat16})
+            dtypes=self.capabilities.dtypes - {torch.float16, torch.bfloat16},
+            template_dialects=frozenset())
 
 
 class CorruptingBackend(CppBackend):
@@ -115,18 +116,17 @@ def test_cpu_plugin_passes_every_tier_it_declares(tmp_path: Path) -> None:
     card = done.stdout[done.stdout.find("Coil conformance scorecard"):]
     assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-3000:]
     for tier in ("runtime", "pointwise", "reductions", "views_indexing", "fusion", "memory_reuse",
-                 "backward", "dynamic_shapes"):
+                 "backward", "dynamic_shapes", "templates"):  # templates: the shipped C++ GEMM template
         name, passed, failed, skipped, xfail, verdict = _row(card, tier).split()
         assert (verdict, failed, skipped) == ("PASS", "0", "0") and int(passed) > 0, _row(card, tier)
-    assert _row(card, "templates").endswith("SKIPPED: capabilities.templates is empty")
     assert _row(card, "autotune_cache").endswith("SKIPPED: capabilities.autotune is False")
-    assert "overall: CONFORMANT: 8 tier(s) passed" in card
+    assert "overall: CONFORMANT: 9 tier(s) passed" in card
     assert "backend cpu_cpp" in card
 
 
 def test_triton_plugin_passes_every_tier_under_the_interpreter(tmp_path: Path) -> None:
     """The Triton plugin, its kernels run by Triton's interpreter on CPU tensors: every tier
-    but templates passes. The autotune tier runs with a backend that tunes as on the GPU
+    passes, templates too (the shipped Triton GEMM template, in float16 and bfloat16). The autotune tier runs with a backend that tunes as on the GPU
     (tuning every kernel of the other tiers under the interpreter would take minutes)."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1", COIL_CACHE_DIR=str(tmp_path / "cache"))
@@ -142,9 +142,9 @@ def test_triton_plugin_passes_every_tier_under_the_interpreter(tmp_path: Path) -
         assert "backend cuda_triton" in card
         for tier in tiers.split(","):
             verdict = _row(card, tier).split()[5]
-            assert verdict == ("SKIPPED:" if tier == "templates" else "PASS"), _row(card, tier)
+            assert verdict == "PASS", _row(card, tier)
             passed += verdict == "PASS"
-    assert passed == 9
+    assert passed == 10
 
 
 # -- capability-based skipping, routing, the scorecard -----------------------------------------
@@ -160,7 +160,8 @@ def test_tiers_the_capabilities_lack_are_skipped_not_passed(fakes: str, capsys: 
     assert _row(card, "reductions").endswith("SKIPPED: capabilities.reductions is empty")
     assert _row(card, "backward").endswith("SKIPPED: capabilities.backward is False")
     assert _row(card, "dynamic_shapes").endswith("SKIPPED: capabilities.dynamic_shapes is False")
-    assert _row(card, "templates").endswith("SKIPPED: capabilities.templates is empty")
+    assert _row(card, "templates").endswith(
+        "SKIPPED: capabilities.templates and capabilities.template_dialects are empty")
     pointwise = _row(card, "pointwise").split()
     assert pointwise[1:5] == ["2", "0", "2", "0"], pointwise  # float32/64 ran, half types skipped
     assert "capabilities.dtypes lacks torch.float16" in _row(card, "pointwise")

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class FallbackRecord:
     op: str
     reason: str
-    kind: str  # "fallback" | "library"
+    kind: str  # "fallback" | "library" | "template" (a library op a template computes)
 
 
 @dataclass

@@ -2,8 +2,10 @@
 the system compiler, loaded through cffi, launched with raw data pointers."""
 from __future__ import annotations
 
+import pickle
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import coil.sdk as sdk
@@ -19,6 +21,13 @@ class CompiledModule:
     path: str
     sources: dict[str, str]
     source: str
+    #: The cffi declarations and kernel name -> function in the library (for export).
+    decls: list[str] = field(default_factory=list)
+    functions: dict[str, str] = field(default_factory=dict)
+
+
+#: The form of :meth:`CppBackend.export_module`'s bytes; raise it when they change.
+EXPORT_FORMAT = "cpu_cpp-module-1"
 
 
 class CppScheduling(sdk.Scheduling):
@@ -42,6 +51,7 @@ class CppBackend(sdk.DeviceBackend):
         # schedule ends each loop's parallel region, a barrier, before the next), and a stash
         # is not kept in an output that overwrites an input read later (stash.py)
         self.capabilities = sdk.Capabilities(vector_width=16, random=True, inplace_reductions=True,
+                                             template_dialects=frozenset({"cpp"}),
                                              compiler=os.environ.get("CXX", "g++"))
 
     def generate(self, kernels: Sequence[sdk.Kernel]) -> tuple[str, list[str], dict[str, str], dict[str, str]]:
@@ -67,17 +77,49 @@ class CppBackend(sdk.DeviceBackend):
         return source, list(decls.values()), per_kernel, functions
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
-        import cffi
         source, decls, per_kernel, functions = self.generate(kernels)
         path = toolchain.library_for(source, shlex.split(self.options.extra_cflags),
                                      f"{self.options_key()}|{self.capabilities.cache_key()}")
+        return self._load(str(path), decls, functions, per_kernel, source)
+
+    @staticmethod
+    def _load(path: str, decls: list[str], functions: dict[str, str], per_kernel: dict[str, str],
+              source: str) -> CompiledModule:
+        import cffi
         ffi = cffi.FFI()
         ffi.cdef("\n".join(decls))
-        lib = ffi.dlopen(str(path))
-        module = CompiledModule(lib, str(path), per_kernel, source)
+        lib = ffi.dlopen(path)
+        module = CompiledModule(lib, path, per_kernel, source, decls, functions)
         for kernel_name, function in functions.items():
             setattr(module, kernel_name, getattr(lib, function))  # what the wrapper calls
         return module
+
+    def export_module(self, compiled: CompiledModule) -> bytes | None:
+        """The library's bytes with its cache key, declarations and function names: an
+        import loads it without compiling (on a machine with the same ``target_key``)."""
+        key = Path(compiled.path).name.removesuffix(".so")
+        library = toolchain.library_cache().read(key, ".so")
+        if library is None:
+            return None
+        return pickle.dumps({"format": EXPORT_FORMAT, "key": key, "library": library,
+                             "decls": compiled.decls, "functions": compiled.functions,
+                             "sources": compiled.sources, "source": compiled.source})
+
+    def import_module(self, data: bytes, graph_name: str) -> CompiledModule | None:
+        entry = pickle.loads(data)
+        if entry.get("format") != EXPORT_FORMAT:
+            return None
+        cache = toolchain.library_cache()
+        path = cache.lookup(entry["key"], ".so") or cache.write(entry["key"], ".so", entry["library"])
+        return self._load(str(path), entry["decls"], entry["functions"], entry["sources"], entry["source"])
+
+    def target_key(self) -> str:
+        """The compiler and the CPU (kernels are built with ``-march=native``)."""
+        try:
+            cxx = toolchain.compiler_version(toolchain.compiler())
+        except sdk.ToolchainError:
+            cxx = "no compiler"
+        return f"{cxx}; cpu {toolchain.cpu_id()}"
 
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)

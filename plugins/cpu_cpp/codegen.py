@@ -11,7 +11,7 @@ import sympy
 from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Masked,
                       Op, ReductionNode, ScanNode, ScatterNode, Value)
 
-from . import reduction_loops, special
+from . import reduction_loops, special, template
 from .accumulators import accumulator
 from .cpp import Scope, for_header, idx, parallel_if
 from .divmod_split import innermost_split
@@ -44,6 +44,8 @@ class KernelWriter:
                 special.scan(self, self.k.special)
             elif isinstance(self.k.special, ScatterNode):
                 special.scatter(self, self.k.special)
+            elif self.k.template is not None:
+                template.template_kernel(self)
             elif self.k.r_ranges:
                 reduction_loops.reduction_kernel(self)
             else:

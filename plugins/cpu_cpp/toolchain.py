@@ -163,16 +163,25 @@ def _command(cxx: str, flags: Sequence[str], source: Path, output: Path) -> list
     return [cxx, *flags, f"-I{HEADER.parent}", str(source), "-o", str(output), "-lm"]
 
 
+def library_key(source: str, extra_flags: Sequence[str] = (), key_extra: str = "") -> str:
+    """The cache key of the library :func:`library_for` builds from these arguments."""
+    flags = [*FLAGS, *extra_flags]
+    return hashlib.sha256("\0".join([source, HEADER.read_text(), " ".join(flags), compiler_version(compiler()),
+                                     cpu_id(), key_extra, CACHE_FORMAT]).encode()).hexdigest()
+
+
+def library_cache() -> DiskCache:
+    return DiskCache.in_namespace("cpu_cpp", fanout=True)
+
+
 def library_for(source: str, extra_flags: Sequence[str] = (), key_extra: str = "") -> Path:
     """Path of the compiled library for ``source``, compiling it if the cache lacks it (or
     holds a damaged copy). ``extra_flags`` follow Coil's flags; ``key_extra`` (the backend's
     options and capabilities) enters the cache key."""
     cxx = compiler()
-    header = HEADER.read_text()
     flags = [*FLAGS, *extra_flags]
-    key = hashlib.sha256("\0".join([source, header, " ".join(flags), compiler_version(cxx),
-                                    cpu_id(), key_extra, CACHE_FORMAT]).encode()).hexdigest()
-    cache = DiskCache.in_namespace("cpu_cpp", fanout=True)
+    key = library_key(source, extra_flags, key_extra)
+    cache = library_cache()
     lib = cache.lookup(key, ".so")
     if lib is not None:
         return lib

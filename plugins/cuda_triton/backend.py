@@ -6,6 +6,7 @@ tensors; CI routes the ``cpu`` device to it with ``coil.register_backend_for_dev
 from __future__ import annotations
 
 import logging
+import pickle
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -14,10 +15,12 @@ import torch
 import coil.sdk as sdk
 
 from . import autotune, compile_pool, dedup, loader
+from .artifacts import EXPORT_FORMAT, KernelPlan, TemplateSpec
 from .codegen import KernelSource, KernelWriter
 from .launch import Launcher
 from .special import special_kernel
 from .split import SplitLauncher
+from .template import TemplateLauncher, TemplateWriter
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,8 @@ class CompiledModule:
     source: str
     sources: dict[str, str]
     launchers: dict[str, Launcher] = field(default_factory=dict)
+    #: How each kernel launches (what ``export_module`` saves).
+    plans: list[KernelPlan] = field(default_factory=list)
 
     @staticmethod
     def enter(index: int) -> int:
@@ -91,12 +96,16 @@ class TritonBackend(sdk.DeviceBackend):
             # before a loop that stores over what earlier loops read; split reductions (two
             # launches) only ever store reductions, which never go in place
             inplace_reductions=True,
+            # matrix-product templates whose epilogue the Triton code writer adds (.template)
+            template_dialects=frozenset({"triton"}),
             compiler_version=_triton_version())
         #: Canonical function name -> the loaded function; (name, mutated args) -> its launcher.
         self._functions: dict[str, Any] = {}
         self._shared: dict[tuple[str, tuple[int, ...]], Launcher] = {}
         #: Every kernel generated so far (CI compiles each ahead of time for Hopper).
         self.generated: list[tuple[KernelSource, Any]] = []
+        #: Launchers of template kernels (each measures template against library once).
+        self._templates: list[TemplateLauncher] = []
 
     # -- codegen and build
 
@@ -104,13 +113,19 @@ class TritonBackend(sdk.DeviceBackend):
         """The Triton functions of one kernel, launched in order (one, except for scatters)."""
         if kernel.special is not None:
             return special_kernel(kernel, self.interpret)
+        if kernel.template is not None:
+            sources = TemplateWriter(kernel, self.interpret, self.bounds_check).generate()
+            unfused = kernel.template.unfused
+            if kernel.template.measure and unfused is not None:  # the library's side
+                sources += KernelWriter(unfused, self.interpret, self.bounds_check).generate()
+            return sources
         return KernelWriter(kernel, self.interpret, self.bounds_check).generate()
 
     @property
     def tuning_count(self) -> int:
         """Configurations benchmarked in this process (the conformance kit's autotune tier
         checks that a second process with the same cache benchmarks none)."""
-        return sum(la.tuned for la in self._shared.values())
+        return sum(la.tuned for la in self._shared.values()) + sum(t.tuned for t in self._templates)
 
     @property
     def bounds_check(self) -> bool:
@@ -125,10 +140,43 @@ class TritonBackend(sdk.DeviceBackend):
         tuned once per process."""
         parts = [self.generate(k) for k in kernels]
         readable = {k.name: "\n".join(s.source for s in srcs) for k, srcs in zip(kernels, parts)}
-        canon = [[dedup.canonical(s) for s in srcs] for srcs in parts]
+        plans = [KernelPlan(k.name, tuple(dedup.canonical(s) for s in srcs), tuple(_mutated_args(k)),
+                            len(k.inputs) + len(k.outputs), TemplateSpec.of(k) if k.template is not None else None)
+                 for k, srcs in zip(kernels, parts)]
+        compiled = self._assemble(plans, readable, graph_name, list(kernels))
+        if self.interpret:
+            self._record_gpu_twin(kernels, graph_name)
+        return compiled
+
+    def export_module(self, compiled: CompiledModule) -> bytes | None:
+        """The kernels' canonical sources and launch plans (no binaries: an import builds
+        from source, which Triton's disk cache and Coil's autotune cache then hit)."""
+        return pickle.dumps({"format": EXPORT_FORMAT, "plans": compiled.plans, "sources": compiled.sources,
+                             "interpret": self.interpret, "bounds_check": self.bounds_check})
+
+    def import_module(self, data: bytes, graph_name: str) -> CompiledModule | None:
+        entry = pickle.loads(data)
+        if entry.get("format") != EXPORT_FORMAT or (entry["interpret"], entry["bounds_check"]) != \
+                (self.interpret, self.bounds_check):
+            return None
+        return self._assemble(entry["plans"], entry["sources"], graph_name)
+
+    def target_key(self) -> str:
+        """The GPU and its architecture (kernels are built for it)."""
+        if self.interpret:
+            return "triton interpreter"
+        if not torch.cuda.is_available():
+            return "no GPU"
+        major, minor = torch.cuda.get_device_capability()
+        return f"{torch.cuda.get_device_name()} sm_{major}{minor}"
+
+    def _assemble(self, plans: list[KernelPlan], readable: dict[str, str], graph_name: str,
+                  kernels: list[sdk.Kernel] | None = None) -> CompiledModule:
+        """Load the functions of ``plans`` this process lacks and build the launchers (a
+        template launcher reads ``kernels``, else the plan's stand-in for its kernel)."""
         new: dict[str, KernelSource] = {}
-        for srcs in canon:
-            for src in srcs:
+        for plan in plans:
+            for src in plan.sources:
                 if src.name not in self._functions:
                     new.setdefault(src.name, src)
         header = "# Coil Triton kernels of " + graph_name + "\n"
@@ -138,13 +186,14 @@ class TritonBackend(sdk.DeviceBackend):
             for name, src in new.items():
                 self._functions[name] = getattr(module, name)
                 self.generated.append((src, self._functions[name]))
-        compiled = CompiledModule(text, readable)
+        compiled = CompiledModule(text, readable, plans=plans)
         device = self._device_name()
         fresh: list[Launcher] = []
-        for srcs, k in zip(canon, kernels):
+        for i, plan in enumerate(plans):
+            srcs = plan.sources
             launchers = []
             for src in srcs:
-                key = (src.name, tuple(_mutated_args(k)))
+                key = (src.name, plan.mutated)
                 if key not in self._shared:
                     self._shared[key] = Launcher(
                         src, self._functions[src.name], interpret=self.interpret, mutated=key[1],
@@ -152,14 +201,20 @@ class TritonBackend(sdk.DeviceBackend):
                         tune_in_interpreter=self.tune_in_interpreter)
                     fresh.append(self._shared[key])
                 launchers.append(self._shared[key])
-            if srcs[0].workspaces:
-                compiled.add(k.name, SplitLauncher(
-                    launchers[0], launchers[1], len(k.inputs) + len(k.outputs), srcs[0].workspaces))
+            if plan.template is not None:
+                launcher = TemplateLauncher(
+                    kernels[i] if kernels is not None else plan.template.kernel(),
+                    launchers[0], launchers[1] if len(launchers) > 1 else None,
+                    measure=plan.template.measure, interpret=self.interpret,
+                    tune_in_interpreter=self.tune_in_interpreter, mutated=list(plan.mutated),
+                    tune_key=_key_fn(srcs[0].source + "\n# template or library", device, self.options_text()))
+                self._templates.append(launcher)
+                compiled.add(plan.name, launcher)
+            elif srcs[0].workspaces:
+                compiled.add(plan.name, SplitLauncher(launchers[0], launchers[1], plan.n_buffers, srcs[0].workspaces))
             else:
-                compiled.add(k.name, launchers[0] if len(launchers) == 1 else Chain(launchers))
+                compiled.add(plan.name, launchers[0] if len(launchers) == 1 else Chain(launchers))
         self._precompile(fresh, loader.source_path(text), set(new))
-        if self.interpret:
-            self._record_gpu_twin(kernels, graph_name)
         return compiled
 
     def _record_gpu_twin(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> None:
@@ -227,6 +282,10 @@ class TritonBackend(sdk.DeviceBackend):
 
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         return f"{module_var}.{kernel.name}(stream_{module_var}, {', '.join(args)})"
+
+    def kernel_choice(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
+        launcher = compiled.launchers.get(kernel.name)
+        return launcher.describe() if isinstance(launcher, TemplateLauncher) else ""
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")

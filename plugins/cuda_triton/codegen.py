@@ -56,6 +56,8 @@ class KernelSource:
     #: Whether the source masks the kept / reduced extents (else blocks must divide them).
     xmask: bool = True
     rmask: bool = True
+    #: Template kernels: (batch, rows, columns) of the product, for the launch grid.
+    grid_dims: tuple[int, int, int] | None = None
 
 
 def _static(e: sympy.Expr) -> int | None:

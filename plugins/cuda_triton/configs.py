@@ -15,12 +15,21 @@ class Config:
     rblock: int = 1
     num_warps: int = 4
     num_stages: int = 1
+    #: Template kernels: the inner dim's block and the tile-group height (0: not a template).
+    kblock: int = 0
+    group_m: int = 0
 
     def constexprs(self, reduction: bool) -> dict[str, int]:
+        if self.kblock:
+            return {"XBLOCK": self.xblock, "RBLOCK": self.rblock, "KBLOCK": self.kblock,
+                    "GROUP_M": self.group_m}
         return {"XBLOCK": self.xblock, "RBLOCK": self.rblock} if reduction else {"XBLOCK": self.xblock}
 
     def __str__(self) -> str:
-        return f"XBLOCK={self.xblock} RBLOCK={self.rblock} warps={self.num_warps} stages={self.num_stages}"
+        if self.xblock == 0:
+            return "library"
+        k = f" KBLOCK={self.kblock} GROUP_M={self.group_m}" if self.kblock else ""
+        return f"XBLOCK={self.xblock} RBLOCK={self.rblock}{k} warps={self.num_warps} stages={self.num_stages}"
 
 
 def pow2_at_least(n: int) -> int:

@@ -38,6 +38,8 @@ def signature(src: KernelSource, reduction: bool) -> dict[str, str]:
     sig["XBLOCK"] = "constexpr"
     if reduction:
         sig["RBLOCK"] = "constexpr"
+    if src.shape == "template":
+        sig["KBLOCK"] = sig["GROUP_M"] = "constexpr"
     return sig
 
 
@@ -158,7 +160,7 @@ class Launcher:
         src = self.src
         xnumel = self._xnumel(sizes)
         budget = 2**14
-        if src.shape in ("serial", "scan", "split", "pointwise-2d", "tile2d"):
+        if src.shape in ("serial", "scan", "split", "pointwise-2d", "tile2d", "template"):
             return src.configs[0]
         if src.shape == "persistent":
             rblock = src.configs[0].rblock
@@ -186,6 +188,9 @@ class Launcher:
             return 0
         if self.src.shape == "serial":
             return 1
+        if self.src.grid_dims is not None:  # a template: tiles of the product, batch by batch
+            b, m, n = self.src.grid_dims
+            return b * -(-m // cfg.xblock) * -(-n // cfg.rblock)
         if self.src.shape == "tile2d":  # static sizes: tiles of rows times tiles of columns
             cols = int(self.src.rnumel)
             return -(-xnumel // cfg.xblock) * -(-cols // cfg.rblock)

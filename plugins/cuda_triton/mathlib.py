@@ -549,12 +549,30 @@ def interpreting() -> Iterator[None]:
     scope = _interpreter._patch_lang(_LANG_PROBE)
     jit_call = JITFunction.__call__
     JITFunction.__call__ = _call_interpreted
+    create_dot = _interpreter.InterpreterBuilder.create_dot
+    _interpreter.InterpreterBuilder.create_dot = _widening_dot(create_dot)
     try:
         with np.errstate(all="ignore"):  # IEEE results, as on the GPU, without numpy's warnings
             yield
     finally:
         JITFunction.__call__ = jit_call
+        _interpreter.InterpreterBuilder.create_dot = create_dot
         scope.restore()
+
+
+def _widening_dot(create_dot: Callable[..., Any]) -> Callable[..., Any]:
+    """The interpreter's ``tl.dot`` with bfloat16 tiles widened to float32 first: it
+    multiplies them as their uint16 bit patterns (triton-lang/triton#11584). Widening is
+    exact, as the GPU's MMA units are on bfloat16 products."""
+    def widen(x: Any) -> Any:
+        if x.dtype != tl.bfloat16:
+            return x
+        bits = x.data.astype(np.uint32) << 16
+        return _interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
+        return create_dot(self, widen(a), widen(b), d, *args)
+    return dot
 
 
 class InterpretedKernel:

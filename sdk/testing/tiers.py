@@ -31,7 +31,9 @@ def _needs_flag(flag: str, default: bool) -> Callable[[Any], str | None]:
 
 
 def _needs_templates(caps: Any) -> str | None:
-    return None if getattr(caps, "templates", frozenset()) else "capabilities.templates is empty"
+    if getattr(caps, "templates", frozenset()) or getattr(caps, "template_dialects", frozenset()):
+        return None
+    return "capabilities.templates and capabilities.template_dialects are empty"
 
 
 def _needs_reductions(caps: Any) -> str | None:

@@ -1,0 +1,168 @@
+"""The masks of a hand-written attention, and the ``attn_mask`` that replaces them.
+
+A chain may mask its scores once or several times: a fill (``masked_fill(cond, fill)``,
+``where(keep, s, fill)``) and any number of additive masks after it (T5 adds a position bias,
+then the padding mask). :func:`read_mask` turns one such step into a :class:`Mask`;
+:func:`attn_mask` turns the chain's masks into SDPA's arguments:
+
+* one fill of -inf: a bool ``attn_mask`` (True = attend), negating the condition where the
+  chain names the filled places;
+* one fill proven causal by :mod:`coil.causal`: ``is_causal=True`` and no mask;
+* anything else: one additive mask in the call's dtype D, the sum of the chain's masks, each
+  fill as ``where(cond, fill, 0)`` in the scores' dtype. A finite fill is accepted only where
+  it swamps any score in float32 (:data:`SWAMPING_FILL`): eager's filled scores all equal the
+  fill, SDPA's are ``score + fill``, equal only then, and a row filled everywhere stays
+  uniform as in eager. A float32 mask for a bfloat16 call is clamped to bfloat16's range
+  before the cast (autocast would round ``finfo(float32).min`` to -inf, and a fully masked
+  row to zeros or NaN); one for a float16 call is refused (its range cannot hold
+  ``finfo(float32).min``-style masks with the same effect)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.fx
+
+from .causal import causal_polarity
+from .dynamo_ops import Call, Emitter, canonical, constant, same_shape, value
+
+#: A finite mask fill at or below this swallows any score below 2**75 in float32 arithmetic
+#: (``fill + s == fill``), so SDPA's ``s + fill`` is eager's ``fill`` exactly.
+SWAMPING_FILL = -(2.0 ** 100)
+
+MaskKind = Literal["causal", "bool", "fill", "additive"]
+
+
+class Refused(Exception):
+    """The chain is not (provably) equivalent to the call; the message says why."""
+
+
+@dataclass(frozen=True)
+class Mask:
+    kind: MaskKind
+    #: the condition of a fill ("causal", "bool", "fill"), the added tensor ("additive")
+    tensor: torch.fx.Node
+    #: fills: whether ``tensor`` is True where attention is allowed (else where filled)
+    attend: bool = True
+    #: fills: the value eager stores in the scores, and the scores' dtype
+    fill: float = float("-inf")
+    dtype: torch.dtype = torch.float32
+
+
+def read_mask(call: Call, scores: torch.fx.Node) -> tuple[Mask, list[torch.fx.Node]]:
+    """The mask that ``call`` applies to ``scores``, and the nodes only it may have read
+    (erased if the call does not read them)."""
+    if call.op == "add":
+        mask = _additive(call, scores)
+        read = []
+    else:
+        mask = _filled(call, scores)
+        read = [mask.tensor] + [a for a in (call["value"], call["input"], call["other"])
+                                if isinstance(a, torch.fx.Node) and a is not scores]
+    if not same_shape(value(call.node), value(scores)):
+        raise Refused("the mask broadcasts the scores to a larger shape")
+    return mask, read
+
+
+def _additive(call: Call, scores: torch.fx.Node) -> Mask:
+    operands = [call["input"], call["other"]]
+    if scores not in operands or operands[0] is operands[1] or call["alpha"] != 1:
+        raise Refused("not an addition to the scores")
+    mask = operands[1] if operands[0] is scores else operands[0]
+    fake = value(mask)
+    if not isinstance(mask, torch.fx.Node) or not isinstance(fake, torch.Tensor):
+        raise Refused("the scores shifted by a number")
+    if not fake.is_floating_point() or fake.dim() == 0:
+        raise Refused(f"additive mask of dtype {fake.dtype} and {fake.dim()} dims")
+    return Mask("additive", mask)
+
+
+def _filled(call: Call, scores: torch.fx.Node) -> Mask:
+    """``masked_fill(cond, fill)``, ``where(cond, scores, fill)`` or ``where(cond, fill, scores)``."""
+    if call.op == "masked_fill" and call["input"] is scores:
+        cond, fill, attend = call["mask"], call["value"], False
+    elif call.op == "where" and call["input"] is scores and call["other"] is not scores:
+        cond, fill, attend = call["condition"], call["other"], True
+    elif call.op == "where" and call["other"] is scores and call["input"] is not scores:
+        cond, fill, attend = call["condition"], call["input"], False
+    else:
+        raise Refused(f"{call.node.name} does not fill the scores")
+    dtype = value(call.node).dtype
+    if dtype != value(scores).dtype:
+        raise Refused(f"{call.node.name} changes the scores' dtype")
+    if not isinstance(value(cond), torch.Tensor) or value(cond).dtype != torch.bool:
+        raise Refused("mask condition is not a bool tensor")
+    number = constant(fill)
+    if number is None:
+        raise Refused(f"mask fill {fill} is not known at compile time")
+    # the fill as eager stores it in the scores' dtype (finfo(float32).min in bfloat16 is -inf)
+    number = float(torch.tensor(number, dtype=torch.float64).to(dtype).item())
+    if number > SWAMPING_FILL:
+        raise Refused(f"mask fill {number} does not swamp the scores (rows it fills fully would differ)")
+    shape = value(scores).shape
+    causal = causal_polarity(cond, shape[-2], shape[-1]) == attend
+    kind: MaskKind = "causal" if causal else "bool" if number == float("-inf") else "fill"
+    return Mask(kind, cond, attend=attend, fill=number, dtype=dtype)
+
+
+def attn_mask(emit: Emitter, masks: list[Mask], dtype: torch.dtype) -> tuple[torch.fx.Node | None, bool]:
+    """``(attn_mask, is_causal)`` for a call in ``dtype`` that applies ``masks`` in order."""
+    if not masks:
+        return None, False
+    if len(masks) == 1 and masks[0].kind == "causal":
+        return None, True
+    if len(masks) == 1 and masks[0].kind == "bool":
+        return (masks[0].tensor if masks[0].attend else _negated(emit, masks[0].tensor)), False
+    total = None
+    for mask in masks:
+        added = mask.tensor if mask.kind == "additive" else _as_additive(emit, mask)
+        total = added if total is None else emit.function(torch.add, total, added)
+    assert total is not None
+    return _in_dtype(emit, total, dtype), False
+
+
+def check_order(masks: list[Mask], new: Mask) -> None:
+    """A fill comes first: a fill after an additive mask overwrites it, where a sum would not."""
+    if masks and new.kind != "additive":
+        raise Refused("a fill after another mask")
+
+
+def kind_of(masks: list[Mask]) -> str:
+    """How the call masks: "none", "causal", "bool" (a bool attn_mask) or "additive"."""
+    if not masks:
+        return "none"
+    if len(masks) == 1 and masks[0].kind in ("causal", "bool"):
+        return masks[0].kind
+    return "additive"
+
+
+def _as_additive(emit: Emitter, mask: Mask) -> torch.fx.Node:
+    """0 where attending, the fill elsewhere, in the scores' dtype."""
+    if mask.attend:
+        base = emit.function(torch.full_like, mask.tensor, mask.fill, dtype=mask.dtype)
+        return emit.method("masked_fill", base, mask.tensor, 0.0)
+    base = emit.function(torch.zeros_like, mask.tensor, dtype=mask.dtype)
+    return emit.method("masked_fill", base, mask.tensor, mask.fill)
+
+
+def _in_dtype(emit: Emitter, mask: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    mask_dtype = value(mask).dtype
+    if mask_dtype == dtype or torch.finfo(mask_dtype).bits < torch.finfo(dtype).bits:
+        return emit.cast(mask, dtype)  # exact
+    if dtype == torch.bfloat16 and mask_dtype == torch.float32:
+        return emit.cast(emit.method("clamp_min", mask, torch.finfo(dtype).min), dtype)
+    raise Refused(f"a {mask_dtype} additive mask would be rounded to {dtype} (its values are unknown)")
+
+
+def _is_bool(node: object) -> bool:
+    fake = value(node)
+    return isinstance(fake, torch.Tensor) and fake.dtype == torch.bool
+
+
+def _negated(emit: Emitter, cond: torch.fx.Node) -> torch.fx.Node:
+    call = canonical(cond)
+    negation = call is not None and call.op in ("bitwise_not", "logical_not")
+    if negation and _is_bool(call["input"]):
+        return call["input"]
+    return emit.function(torch.logical_not, cond)

@@ -1,0 +1,24 @@
+"""``coil_template_gemm``: matrix-product templates (GEMM) with fused epilogues, as a
+capability plugin. It serves no device of its own: through the ``coil_templates`` hook it
+adds a Triton template and a C++ template to every backend that speaks their dialect
+(``Capabilities.template_dialects``: the Triton plugin for ``"triton"``, the C++ plugin for
+``"cpp"``), which embed them and write the epilogue the scheduler fused after them. Whether a
+product runs as the template or as the device's library is measured per shape where the
+backend tunes, else chosen by :meth:`Template.prefer`."""
+from __future__ import annotations
+
+from coil.sdk import hookimpl
+
+API_VERSION = "0.9.0"
+
+
+@hookimpl
+def coil_api_version() -> str:
+    return API_VERSION
+
+
+@hookimpl
+def coil_templates() -> list:
+    from .cpp_gemm import CppGemm
+    from .triton_gemm import TritonGemm
+    return [TritonGemm(), CppGemm()]
