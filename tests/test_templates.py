@@ -260,3 +260,4 @@ def test_shipped_template_plugin_loads():
     assert not [e for e in reg.errors if "template" in e.plugin]
     assert {t.name for t in reg.templates} >= {"triton_gemm", "cpp_gemm"}
     assert {t.dialect for t in reg.templates} == {"triton", "cpp"}
+

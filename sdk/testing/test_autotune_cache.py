@@ -40,7 +40,8 @@ def _fresh_process(kit: Kit, cache_dir: Path) -> dict[str, Any]:
     spec = getattr(kit.options, "backend_spec", None)
     if spec:
         command += ["--backend", spec]
-    env = dict(os.environ, COIL_CACHE_DIR=str(cache_dir),
+    # the graph cache off: a hit would skip the backend's compile, tuning cache and all
+    env = dict(os.environ, COIL_CACHE_DIR=str(cache_dir), COIL_GRAPH_CACHE="0",
                PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     assert done.returncode == 0, f"the probe process failed:\n{done.stdout}\n{done.stderr[-3000:]}"
