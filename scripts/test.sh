@@ -13,7 +13,8 @@ if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 status=0
-.venv/bin/python -m pytest -q || status=$?
+# the slowest tests, so CI's time (kept well under 30 minutes) stays visible
+.venv/bin/python -m pytest -q --durations=15 || status=$?
 
 triton_cache=$(mktemp -d -t coil-triton-pass.XXXXXX)
 trap 'rm -rf "$triton_cache"' EXIT

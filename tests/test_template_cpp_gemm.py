@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
+import sys
 
 import cffi
 import pytest
@@ -239,7 +240,9 @@ def test_configs_fit_the_problem():
     assert len(big) >= 2 and len(set(big)) == len(big)
 
 
-def test_prefer_only_small_float32_products():
+def test_prefer_declines_by_default_and_only_small_float32_products_when_on(monkeypatch):
+    assert not TEMPLATE.prefer(problem_of(randn(64, 64), randn(64, 64)))  # compile time first
+    monkeypatch.setattr(sys.modules[type(TEMPLATE).__module__], "PREFER_SMALL_PRODUCTS", True)
     assert TEMPLATE.prefer(problem_of(randn(64, 64), randn(64, 64)))
     assert not TEMPLATE.prefer(problem_of(randn(1024, 1024), randn(1024, 1024)))
     assert not TEMPLATE.prefer(problem_of(randn(1, 64), randn(64, 64)))  # GEMV-like

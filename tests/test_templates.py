@@ -240,7 +240,8 @@ def test_triton_both_sides_compute_the_epilogue(templates, choice, tmp_path, mon
             for cfg in candidates:
                 run(cfg)()
             return tmod.LIBRARY, {str(c): 0.0 for c in candidates}
-        monkeypatch.setattr(tmod.autotune, "select", library_wins)
+        monkeypatch.setattr(tmod.autotune, "select_interleaved",
+                            lambda candidates, run, bench, warm_ms: library_wins(candidates, run, bench))
     coil.register_backend_for_device("cpu", backend, name="triton-sides")
     bias = torch.randn(24, dtype=torch.float16)
 
@@ -261,3 +262,27 @@ def test_shipped_template_plugin_loads():
     assert {t.name for t in reg.templates} >= {"triton_gemm", "cpp_gemm"}
     assert {t.dialect for t in reg.templates} == {"triton", "cpp"}
 
+
+
+def test_interleaved_selection_warms_up_takes_turns_and_medians():
+    """The template-or-library choice keeps the device busy first, then times candidates turn
+    by turn (A, B, A, B...) and keeps the lowest median, skipping a candidate that fails."""
+    pytest.importorskip("triton")
+    from coil_cuda_triton import autotune
+    from coil_cuda_triton.configs import Config
+    a, b, broken = Config(16), Config(32), Config(64)
+    order, times = [], {a: iter([3.0, 3.0, 5.0, 1.0, 1.0, 9.0, 1.0]), b: iter([2.0] * 5)}
+
+    def run(cfg):
+        if cfg == broken:
+            raise RuntimeError("out of shared memory")
+        return lambda: order.append(cfg)
+
+    def bench(call):
+        call()
+        return next(times[order[-1]])
+    best, timings = autotune.select_interleaved([a, b, broken], run, bench, rounds=5, warm_ms=5.0)
+    assert best == a and timings == {str(a): 1.0, str(b): 2.0}
+    assert order[:2] == [a, b]  # each candidate ran once before anything was timed
+    assert order[2:4] == [a, a]  # warming up: 3 + 3 ms >= 5 ms on the first candidate
+    assert order[4:] == [a, b] * 5

@@ -77,6 +77,39 @@ def select(configs: Sequence[Config], run: Callable[[Config], Callable[[], None]
     return best[1], timings
 
 
+def select_interleaved(configs: Sequence[Config], run: Callable[[Config], Callable[[], None]],
+                       bench: Callable[[Callable[[], None]], float], rounds: int = 5,
+                       warm_ms: float = 0.0) -> tuple[Config, dict[str, float]]:
+    """The configuration with the lowest median of ``rounds`` samples, the candidates taking
+    turns (A, B, C, A, B, C...) so that a device's clocks changing during the measurement
+    weigh on all of them alike. Before the first sample the first candidate keeps the device
+    busy for ``warm_ms`` (by ``bench``'s own account): a GPU idle at the start of a process
+    runs at low clocks for milliseconds, which on the H200 made every candidate of a
+    template kernel measure 3-5x its steady-state time. ``bench`` times a call in ms. A
+    candidate that fails is skipped (and reported)."""
+    calls: dict[Config, Callable[[], None]] = {}
+    failures: list[str] = []
+    for cfg in configs:
+        try:
+            call = run(cfg)
+            call()
+            calls[cfg] = call
+        except Exception as exc:  # e.g. out of shared memory or registers for this config
+            log.info("coil: config %s failed: %s", cfg, exc)
+            failures.append(f"{cfg}: {type(exc).__name__}: {exc}")
+    if not calls:
+        raise sdk.KernelCompileError("<autotune>", "every candidate configuration failed:\n" + "\n".join(failures))
+    first, spent, tries = next(iter(calls.values())), 0.0, 0
+    while spent < warm_ms and tries < 1000:
+        spent, tries = spent + bench(first), tries + 1
+    samples: dict[Config, list[float]] = {cfg: [] for cfg in calls}
+    for _ in range(rounds):
+        for cfg, call in calls.items():
+            samples[cfg].append(bench(call))
+    medians = {cfg: sorted(s)[len(s) // 2] for cfg, s in samples.items()}
+    return min(medians, key=medians.__getitem__), {str(cfg): ms for cfg, ms in medians.items()}
+
+
 def cuda_bench(fn: Callable[[], None], reps: int = 5) -> float:
     """Median milliseconds of ``fn`` on the current CUDA stream, after one warm-up launch."""
     import torch

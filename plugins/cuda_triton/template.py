@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 #: each is one more build on a cold cache, and a big tile's build takes seconds.
 MEASURED_CONFIGS = 3
 
+#: Milliseconds of device work before the first timed sample (clocks up from idle).
+WARM_MS = 50.0
+
 #: The configuration that stands for "the library's GEMM, then the epilogue kernel" in the
 #: autotune cache (no template has a zero-row block).
 LIBRARY = Config(0)
@@ -193,16 +196,17 @@ class TemplateLauncher:
             candidates = list(self.fused.candidates(()))
             if self.unfused is not None or self._call.unfused is None:  # the library side is whole
                 candidates.append(LIBRARY)
-            # calls queued back to back (cuda_bench), so the host's launch work overlaps the
-            # device's: ATen's GEMM has more of it than a raw launch, and timing single
-            # synchronised calls charged it up to 0.7 ms of idle GPU on the H200
-            bench = autotune.wall_bench if self.interpret else autotune.cuda_bench
+            # each sample: calls queued back to back (cuda_bench), so the host's launch work
+            # overlaps the device's (ATen's GEMM has more of it than a raw launch: timing
+            # single synchronised calls charged it up to 0.7 ms of idle GPU on the H200)
+            bench = autotune.wall_bench if self.interpret else (lambda call: autotune.cuda_bench(call, reps=3))
 
             def run(cfg: Config) -> Any:
                 if cfg == LIBRARY:
                     return lambda: self._library(stream, *trial)
                 return lambda: self.fused.launch(cfg, stream, trial)
-            cached, timings = autotune.select(candidates, run, bench)
+            cached, timings = autotune.select_interleaved(
+                candidates, run, bench, warm_ms=0.0 if self.interpret else WARM_MS)
             self.tuned += len(timings)
             log.debug("coil: template %s: %s", self.fused.src.name, timings)
             self.cache.put(key, cached, timings, self.fused.src.name)

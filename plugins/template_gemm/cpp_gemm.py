@@ -54,6 +54,9 @@ _B_PANEL_FLOATS = 1 << 22
 #: Where :meth:`CppGemm.prefer` picks the template untuned: products under this many flops
 #: with at least this many rows (the measurements are in its comment).
 _PREFER_MAX_FLOPS = 1 << 22
+#: Whether ``prefer`` takes the small products where the template measured faster (off: the
+#: compile time it adds outweighs microseconds per call; see ``prefer``).
+PREFER_SMALL_PRODUCTS = False
 _PREFER_MIN_ROWS = 16
 #: Tiles per thread to aim for when shrinking blocks for parallelism, and the floor of each.
 _TILES_PER_THREAD = 4
@@ -350,6 +353,12 @@ class CppGemm(Template):
         # ahead, and tuning, not a guess, should pick the template. Rows under 16 waste most
         # of a 12-row register tile (1x1024x1024: 0.28x). bf16 is widened to float32 here,
         # where oneDNN has AMX and AVX512-BF16.
+        # Where it wins, it saves microseconds per call, and its micro-kernel adds about 0.6 s
+        # of C++ compile to every graph that uses it (a linear + GELU graph: 2.8 s -> 3.4 s on
+        # the 2-core machine): a fast first call is the CPU plugin's strength, so without
+        # tuning the library keeps every product (``templates="force"`` opts in).
+        if not PREFER_SMALL_PRODUCTS:
+            return False
         sizes = problem.static_sizes()
         if sizes is None or problem.a.dtype != torch.float32 or problem.b.dtype != torch.float32:
             return False
