@@ -5,6 +5,7 @@ functions, built in parallel, launched from the wrapper on the current CUDA stre
 tensors; CI routes the ``cpu`` device to it with ``coil.register_backend_for_device``."""
 from __future__ import annotations
 
+import functools
 import logging
 import pickle
 from dataclasses import dataclass, field
@@ -207,7 +208,8 @@ class TritonBackend(sdk.DeviceBackend):
                     launchers[0], launchers[1] if len(launchers) > 1 else None,
                     measure=plan.template.measure, interpret=self.interpret,
                     tune_in_interpreter=self.tune_in_interpreter, mutated=list(plan.mutated),
-                    tune_key=_key_fn(srcs[0].source + "\n# template or library", device, self.options_text()))
+                    tune_key=_key_fn(srcs[0].source + "\n# template or library", device, self.options_text()),
+                    rebind=functools.partial(setattr, compiled, plan.name))
                 self._templates.append(launcher)
                 compiled.add(plan.name, launcher)
             elif srcs[0].workspaces:

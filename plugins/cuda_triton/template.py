@@ -107,7 +107,9 @@ class TemplateWriter(KernelWriter):
         if rows and cols:
             return super()._load(v, scope)
         mask = ("xmask" if self.xmask else None) if rows else ("rmask" if self.rmask else None) if cols else None
-        return super()._load(v, Scope(scope, mask=mask) if mask else _Unmasked(scope))
+        inner = Scope(scope)
+        inner.mask = mask  # None too (a Scope built with mask=None takes its parent's)
+        return super()._load(v, inner)
 
     def _names(self) -> dict[str, str]:
         problem = self.call.problem
@@ -150,7 +152,8 @@ class TemplateLauncher:
     whichever the first launch measured faster (``measure``); the template otherwise."""
 
     def __init__(self, kernel: Kernel, fused: Any, unfused: Any, *, measure: bool, interpret: bool,
-                 tune_in_interpreter: bool, tune_key: Any, mutated: Sequence[int]) -> None:
+                 tune_in_interpreter: bool, tune_key: Any, mutated: Sequence[int],
+                 rebind: Any = None) -> None:
         call = kernel.template
         assert call is not None
         self.fused, self.unfused = fused, unfused
@@ -161,6 +164,9 @@ class TemplateLauncher:
         self.mutated = tuple(mutated)
         self.tuned = 0
         self._run: Any = None
+        #: Called with the chosen side once decided, so the wrapper's later launches call it
+        #: directly (``setattr`` of the module's attribute), without this object in between.
+        self._rebind = rebind
         names = kernel.args
         self._index = {name: i for i, name in enumerate(names)}
         self._unfused_args = list(call.unfused.args) if call.unfused is not None else []
@@ -181,6 +187,8 @@ class TemplateLauncher:
         run = self._run
         if run is None:
             run = self._run = self._choose(stream, args)
+            if self._rebind is not None:
+                self._rebind(run)
         run(stream, *args)
 
     def _choose(self, stream: Any, args: Sequence[Any]) -> Any:
@@ -240,14 +248,6 @@ class TemplateLauncher:
             values = {name: args[i] for name, i in self._index.items() if i < len(args)}
             values[call.output] = product
             self.unfused(stream, *[values[n] if n in values else n for n in self._unfused_args])
-
-
-class _Unmasked(Scope):
-    """A scope with no load mask (``Scope`` inherits its parent's when given None)."""
-
-    def __init__(self, parent: Scope) -> None:
-        super().__init__(parent)
-        self.mask = None
 
 
 def _view(t: torch.Tensor, op: Any) -> torch.Tensor:
