@@ -22,7 +22,11 @@ backend in turn on a deep copy of the same randomly initialised model:
   labels, the model's loss, backward, SGD step) in ``train()`` mode; ``train-bf16`` the same
   with the forward and loss under bf16 autocast.
 * ``peak MiB``: on cuda, the most memory allocated during the timed calls above what was
-  allocated before them (activations, workspaces, gradients; not the model's weights).
+  allocated before the first call (activations, workspaces, gradients, and what a backend
+  keeps between calls, such as a CUDA graph's static inputs and outputs; not the model's
+  weights). A CUDA graph's private pool is reserved, not allocated, between replays: the JSON
+  record's ``reserved_mib`` (growth of reserved memory since before the first call) shows it,
+  for every backend alike.
 * Coil's JSON record also holds ``coil_stages``: seconds per compile stage summed over the
   graphs of the first call, with the graph and kernel counts.
 * ``cos``: accuracy of the first call against eager's, by cosine similarity (``cos`` is the
@@ -159,6 +163,8 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
     step, model = make_step(built, mode, backend, device)
     with _grad_context(mode), _coil_stages(backend) as stages:
         clock.sync()
+        if device.type == "cuda":  # weights and inputs; what a backend keeps after compiling counts
+            base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         first = step()
         clock.sync()
@@ -176,11 +182,11 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
                     step()
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                    before = torch.cuda.memory_allocated()
                     torch.cuda.reset_peak_memory_stats()
                 samples = [clock.time_call(step) for _ in range(iters)]
                 if device.type == "cuda":
-                    record["peak_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+                    record["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
+                    record["reserved_mib"] = (torch.cuda.memory_reserved() - base_reserved) / 2**20
             record.update({"median_ms": 1e3 * statistics.median(samples),
                            "min_ms": 1e3 * min(samples), "iters": iters})
     del model

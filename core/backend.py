@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
+from . import compile_agreement
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph
@@ -59,7 +60,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
     _warm_up(example_inputs)
     if mode == "reduce-overhead":
-        cfg.graph_capture = True
+        cfg.graph_capture = "on"
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
         rewrite_attention(gm)
 
@@ -67,16 +68,26 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
         # Dynamo must not trace Coil itself (the backward graph compiles lazily, possibly
         # while a compiled frame runs), nor the wrapper it returns.
-        fn = torch._disable_dynamo(compile_graph(graph, inputs, cfg, kind))
+        # a backward graph compiles lazily, on its own: ranks agree on it alone
+        fn = compile_agreement.guarded(f"a {kind} graph", lambda: compile_agreement.graph_digest(graph, inputs),
+                                       cfg.compile_agreement, lambda: compile_graph(graph, inputs, cfg, kind))
+        fn = torch._disable_dynamo(fn)
         fn._boxed_call = True  # the wrapper takes the argument list (AOTAutograd's boxed convention)
         return fn
 
-    return aot_module_simplified(
-        gm, example_inputs,
-        fw_compiler=functools.partial(compiler, "forward"),
-        bw_compiler=functools.partial(compiler, "backward"),
-        inference_compiler=functools.partial(compiler, "inference"),
-        decompositions=table(),
-        partition_fn=_partition_fn(),
-        keep_inference_input_mutations=True,
-    )
+    # DDPOptimizer (Dynamo's graph splitting under DDP) reads this counter to learn that
+    # AOTAutograd compiled a bucket's graph, whose first call then returns fake outputs at
+    # compile time; without it that first call comes at run time and returns fakes to the user
+    torch._dynamo.utils.counters["aot_autograd"]["total"] += 1
+    # under torch.distributed, one rank's failed compile fails every rank (coil.compile_agreement)
+    return compile_agreement.guarded(
+        "a Dynamo graph", lambda: compile_agreement.graph_digest(gm, example_inputs), cfg.compile_agreement,
+        lambda: aot_module_simplified(
+            gm, example_inputs,
+            fw_compiler=functools.partial(compiler, "forward"),
+            bw_compiler=functools.partial(compiler, "backward"),
+            inference_compiler=functools.partial(compiler, "inference"),
+            decompositions=table(),
+            partition_fn=_partition_fn(),
+            keep_inference_input_mutations=True,
+        ))

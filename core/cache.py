@@ -54,7 +54,7 @@ def _bundle(refs: list[tuple[str, str, str, bool]]) -> bytes:
     """Bytes of the entries ``refs`` ((namespace folder, key, suffix, fanout)) that still exist."""
     graphs, files = [], []
     for folder, key, suffix, fanout in refs:
-        payload = DiskCache(folder, fanout=fanout).read(key, suffix)
+        payload = DiskCache(folder, fanout=fanout).read(key, suffix, count=False)
         if payload is None:
             continue  # evicted since
         namespace = folder.rstrip("/").rsplit("/", 1)[-1]
@@ -93,7 +93,7 @@ def load_artifacts(data: bytes) -> LoadSummary:
         raise ValueError(f"not a Coil artifact bundle of format {FORMAT!r}")
     summary = LoadSummary()
     reg = plugins.registry()
-    graphs = DiskCache.in_namespace(graph_cache.NAMESPACE, fanout=True)
+    graphs = DiskCache.in_namespace(graph_cache.NAMESPACE, fanout=True, layer="graph")
     for key, payload in bundle["graphs"]:
         _load_graph(graphs, key, payload, reg, summary)
     mismatch = _differences(bundle["environment"], _environment())
@@ -102,7 +102,7 @@ def load_artifacts(data: bytes) -> LoadSummary:
             summary.refused.append((f"{namespace}/{key}{suffix}", mismatch))
             continue
         store = DiskCache.in_namespace(namespace, fanout=fanout)
-        if store.lookup(key, suffix) is not None:
+        if store.lookup(key, suffix, remote=False, count=False) is not None:
             summary.present += 1
         else:
             store.write(key, suffix, payload)
@@ -119,7 +119,7 @@ def _load_graph(store: DiskCache, key: str, payload: bytes, reg: Any, summary: L
     if mismatch:
         summary.refused.append((f"graph {key[:16]} ({variants[0]['kind']})", mismatch))
         return
-    local = store.read(key, graph_cache.SUFFIX)
+    local = store.read(key, graph_cache.SUFFIX, remote=False, count=False)
     if local is not None:
         ours = pickle.loads(local)
         new = [v for v in variants if all(v["guards"] != o["guards"] for o in ours)]

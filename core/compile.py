@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import graph_cache, plugins, progress, selfcheck, templates
+from . import capture, collectives, graph_cache, plugins, progress, selfcheck, templates
 from .sdk import versions
 from .config import Config
 from .config import active as config_active
@@ -27,6 +27,7 @@ from .memory import plan_memory
 from .conv_bias import split_conv_bias
 from .conv_layout import to_channels_last
 from .pad_gemm import pad_gemms
+from .report_text import format_graph
 from .scheduler import FusionDecision, schedule
 from .wrapper import WrapperWriter
 
@@ -67,6 +68,8 @@ class GraphReport:
     inplace: int = 0
     #: Loaded from the graph cache (:mod:`coil.graph_cache`): nothing was lowered or generated.
     cached: bool = False
+    #: Whether the graph is recorded and replayed (:mod:`coil.capture`), and why.
+    capture: Any = None
 
     @property
     def fallback_ops(self) -> list[str]:
@@ -132,6 +135,14 @@ def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
     return getattr(backend.capabilities, name, default) if backend is not None else default
 
 
+def _collective_impl(reg: Any, device: torch.device, op: Any) -> Any:
+    """What a collective (or its wait) on ``device`` calls: its backend's own implementation
+    (``DeviceBackend.collective``, SDK 0.11.0), else torch's op."""
+    backend = reg.backends.get(device.type)
+    supply = getattr(backend, "collective", None)
+    return supply(op) if supply is not None else op
+
+
 def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
     """Which kernels may store outputs over their dying inputs: none with the
     ``inplace_buffers`` knob off; else pointwise kernels of backends whose plugin declares SDK
@@ -166,8 +177,13 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     t0 = time.perf_counter()
     key = graph_cache.key_for(gm, example_inputs, config, kind, reg)  # before passes rewrite gm
     hit = graph_cache.load(key, reg, kind, lambda: f"graph{next(_graph_ids)}") if key else None
+    mutates = capture.mutates_inputs(gm)  # before passes rewrite gm
+    static = capture.static_input_indices()
+    if collectives.in_graph(gm):  # recording runs a graph more than once: its collectives too
+        config = collectives.without_capture(config)
     if hit is not None:
         fn, report, modules = hit
+        fn, report.capture = _captured(fn, config, kind, mutates, modules, example_inputs, static, reg)
         if config.debug_dir:
             _dump(report, config.debug_dir, modules)
         for obs in list(_observers):
@@ -186,6 +202,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
                                 templates.offers(reg, config.templates)).run()
     except LoweringError as exc:
         return _eager_graph(gm, kind, exc)
+    collectives.mark(lowered)
     t1 = time.perf_counter()
     stages["lower"] = t1 - t0
     line.stage("schedule")
@@ -198,10 +215,12 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
             record.kind, record.reason = "template", f"computed by template {k.template.template.name}"
     name = f"graph{next(_graph_ids)}"
     _name_kernels(kernels)
+    collectives.bind(sched.steps, lambda device, op: _collective_impl(reg, device, op))
+    collectives.describe(sched.steps)
     t2 = time.perf_counter()
     stages["schedule"] = t2 - t1
     line.stage("codegen+compile", graph=name)
-    keep = {o.name for o in lowered.outputs if o.name}
+    keep = {o.name for o in lowered.outputs if o.name} | collectives.unwaited(sched.steps)
     inputs = {i.name for i in lowered.inputs if i.name} | set(lowered.constants)
     plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs),
                        _inplace_policy(reg, config), release={i.name for i in lowered.inputs if i.name})
@@ -226,8 +245,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     for device_type, (_, module) in compiled_modules.items():
         wrapper.namespace[f"mod_{device_type}"] = module
     fn = wrapper.build()
-    if config.graph_capture:
-        fn = _captured(fn, lowered, compiled_modules, example_inputs)
+    mutates = mutates or any(getattr(n, "mutates", None) for n in lowered.nodes)
+    fn, capture_note = _captured(fn, config, kind, mutates, compiled_modules, example_inputs, static, reg)
     stages["wrapper"] = time.perf_counter() - t3
     kernel_reports = []
     for device_type, ks in by_device.items():
@@ -238,7 +257,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     report = GraphReport(
         name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
-        len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace)
+        len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace,
+        capture=capture_note)
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
     if key is not None:
         graph_cache.store(key, report, wrapper, sched.steps, compiled_modules)
@@ -252,30 +272,17 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     return fn
 
 
-def _captured(fn: Callable[[list[Any]], Any], lowered: LoweredGraph,
-              modules: dict[str, tuple[Any, Any]], example_inputs: Sequence[Any]) -> Callable[[list[Any]], Any]:
-    """``fn`` recorded for replay by its device's backend, when one backend runs every kernel,
-    it can capture, every input lives on its device, sizes are static and no input is
-    mutated; else ``fn`` itself (and the log says why)."""
-    reason = None
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    if len(modules) != 1 or len(devices) != 1 or set(modules) != devices:
-        reason = f"kernels on {sorted(modules)}, inputs on {sorted(devices)}"
-    elif lowered.symbol_sources:
-        reason = "symbolic sizes"
-    elif any(getattr(n, "mutates", None) for n in lowered.nodes):
-        reason = "the graph mutates an input"
-    else:
-        backend, _ = next(iter(modules.values()))
-        if not backend.capabilities.graph_capture:
-            reason = f"{backend.name} cannot capture graphs"
-        else:
-            replay = backend.capture(fn, example_inputs)
-            if replay is not None:
-                return replay
-            reason = f"{backend.name} declined"
-    log.info("coil: graph capture skipped: %s", reason)
-    return fn
+def _captured(fn: Callable[[list[Any]], Any], config: Config, kind: str, mutates: bool,
+              modules: dict[str, tuple[Any, Any]], example_inputs: Sequence[Any],
+              static: frozenset[int], reg: Any) -> tuple[Callable[[list[Any]], Any], Any]:
+    """``fn`` recorded for replay where the ``graph_capture`` knob asks and the graph allows
+    (:mod:`coil.capture`), with the note ``coil.explain`` shows."""
+    declared = {p.name: p.api_version for p in reg.plugins}
+
+    def api_of(backend: Any) -> str | None:
+        return declared.get(reg.providers.get(backend.device_type, ""))
+
+    return capture.captured(fn, config.graph_capture, kind, mutates, modules, example_inputs, static, api_of)
 
 
 def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:
@@ -346,7 +353,6 @@ def _dump(report: GraphReport, folder: str, modules: dict[str, tuple[Any, Any]])
             (path / f"kernels_{device_type}.txt").write_text(source)
     lines = [f"{'FUSED  ' if d.fused else 'REFUSED'} {d.a} + {d.b}: {d.reason}" for d in report.decisions]
     (path / "fusion.txt").write_text("\n".join(lines) + "\n")
-    from .report import format_graph
     (path / "report.txt").write_text(format_graph(report))
 
 

@@ -36,6 +36,7 @@ _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 #: Values of the ``progress`` knob.
 TemplateMode = Literal["auto", "heuristic", "force", "off"]
 ProgressMode = Literal["auto", "on", "off"]
+GraphCaptureMode = Literal["auto", "on", "off"]
 
 
 def _default_cache_dir() -> str:
@@ -45,11 +46,12 @@ def _default_cache_dir() -> str:
 
 def _knob(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING,
           minimum: int | None = None, path: bool = False, size: bool = False,
-          choices: tuple[str, ...] = ()) -> Any:
+          choices: tuple[str, ...] = (), flag_words: bool = False) -> Any:
     """A Config field with its validation: ``minimum`` for integers, ``path`` for folders
     (expanded, absolute), ``size`` for byte counts (``512M``, ``2G`` accepted), ``choices``
-    for a closed set of words (matched ignoring case)."""
-    meta = {"minimum": minimum, "path": path, "size": size, "choices": choices}
+    for a closed set of words (matched ignoring case); ``flag_words`` also takes a flag's
+    values for ``on``/``off`` (a knob that was a flag before it had more choices)."""
+    meta = {"minimum": minimum, "path": path, "size": size, "choices": choices, "flag_words": flag_words}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -76,9 +78,12 @@ class Config:
     realize_reads_threshold: int = _knob(4, minimum=0)
     #: ... or when its body has more than this many operations.
     realize_opcount_threshold: int = _knob(30, minimum=0)
-    #: Record each compiled graph once and replay it (CUDA graphs, on backends that can);
-    #: ``torch.compile(..., mode="reduce-overhead")`` turns it on.
-    graph_capture: bool = _knob(False)
+    #: Record compiled graphs once and replay them (CUDA graphs, on backends that can;
+    #: :mod:`coil.capture`): ``auto`` records inference graphs and keeps a recording only
+    #: where its replay measured faster on the first call; ``on`` (what
+    #: ``torch.compile(..., mode="reduce-overhead")`` sets) records every graph it can;
+    #: ``off`` never records. A flag's values are accepted too (true: on, false: off).
+    graph_capture: GraphCaptureMode = _knob("auto", choices=get_args(GraphCaptureMode), flag_words=True)
     #: After every ATen call whose result Coil's code reads, compare the result's strides with
     #: the ones that code was generated for (eager's meta function's) and copy it into those on
     #: a mismatch. One comparison per call; turning it off trades a silent wrong result for it.
@@ -87,6 +92,16 @@ class Config:
     #: reads that input only at the index it writes (:mod:`coil.inplace`); off, an output only
     #: takes memory freed by an earlier step.
     inplace_buffers: bool = _knob(True)
+    #: Start each collective (``torch.distributed``'s functional all-reduce, all-gather...)
+    #: as early as its inputs allow and wait for it just before the first step that reads its
+    #: result, so the work that does not need it runs while it is in flight
+    #: (:mod:`coil.collectives`); off, the wait comes right after the collective.
+    collective_overlap: bool = _knob(True)
+    #: Under ``torch.distributed`` with more than one rank, ranks that compile the same graph
+    #: tell each other how it went through the process group's store, so a compile that fails
+    #: on one rank fails on all of them, naming that rank, instead of leaving the others
+    #: waiting in a collective (:mod:`coil.compile_agreement`).
+    compile_agreement: bool = _knob(True)
     #: Replace hand-written attention (``softmax(q @ k.mT * scale + mask) @ v``) by one
     #: ``scaled_dot_product_attention`` call where the two are equivalent (:mod:`coil.attention`).
     attention_rewrite: bool = _knob(True)
@@ -129,6 +144,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "COIL_TRITON_COMPILE_WORKERS": "coil_cuda_triton: processes building Triton kernels (0: in-process)",
     "COIL_TEST_DEVICE": "tests: the device the differential tests run on",
     "COIL_TEST_BACKEND": "tests: 'triton' routes the cpu device to the interpreted Triton plugin",
+    "COIL_TEST_WORLD": "tests/test_distributed.py: processes per distributed job (one GPU each with cuda)",
     "COIL_OPINFO_BACKEND": "tests/test_opinfo.py: the torch.compile backend under test",
     "COIL_OPINFO_FULL": "tests/test_opinfo.py: every sample of every op",
     "COIL_OPINFO_SAMPLES": "tests/test_opinfo.py: samples per op",
@@ -204,8 +220,11 @@ def _as_path(source: str, value: Any) -> str | None:
     return os.path.abspath(expanded)
 
 
-def _as_choice(source: str, value: Any, choices: tuple[str, ...]) -> str:
+def _as_choice(source: str, value: Any, choices: tuple[str, ...], flag_words: bool = False) -> str:
     text = value.strip().lower() if isinstance(value, str) else None
+    if flag_words and text not in choices:
+        if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)) or text in _TRUE + _FALSE:
+            text = "on" if _as_bool(source, value) else "off"
     if text not in choices:
         raise ConfigValueError(source, value, f"one of {', '.join(choices)}")
     return text
@@ -224,7 +243,7 @@ def _coerce(name: str, value: Any, kind: Any = None, source: str | None = None) 
     kind = _kind(_FIELDS[name].type if kind is None else kind)
     source = source or name
     if meta.get("choices"):
-        return _as_choice(source, value, meta["choices"])
+        return _as_choice(source, value, meta["choices"], meta.get("flag_words", False))
     if kind is bool:
         return _as_bool(source, value)
     if kind is int:

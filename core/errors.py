@@ -87,3 +87,20 @@ class CheckError(CoilError):
             f"(max abs diff {max_abs:.3g}, max rel diff {max_rel:.3g}{', ' + detail if detail else ''}); "
             f"it was produced by {producer}. {rerun}"
             f"Until it is fixed, run this model without Coil (torch.compile(..., backend=\"eager\")).")
+
+
+class DistributedCompileError(CoilError):
+    """Under ``torch.distributed``, another rank failed to compile a graph this rank compiled
+    too (:mod:`coil.compile_agreement`); this rank stops as well rather than wait for it in a
+    collective. ``rank`` is the rank that failed, ``reason`` its error."""
+
+    def __init__(self, rank: int, this_rank: int, what: str, reason: str) -> None:
+        self.rank = rank
+        self.this_rank = this_rank
+        self.what = what
+        self.reason = reason
+        super().__init__(
+            f"coil: rank {rank} failed to compile {what} that this rank ({this_rank}) compiled "
+            f"too: {reason}. This rank stops rather than wait for rank {rank} in a collective; "
+            f"rank {rank}'s own error has the details (COIL_COMPILE_AGREEMENT=0 lets each rank "
+            f"fail on its own).")

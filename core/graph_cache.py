@@ -68,15 +68,14 @@ class KernelName:
 
 
 def _store() -> DiskCache:
-    return DiskCache.in_namespace(NAMESPACE, fanout=True)
+    return DiskCache.in_namespace(NAMESPACE, fanout=True, layer="graph")
 
 
 def key_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config, kind: str,
             reg: Any) -> Ticket | None:
     """The graph's key, or None when it is not to be cached (the log says why)."""
     reason = ("the graph_cache knob is off" if not config.graph_cache else
-              "self-check mode" if config.check else
-              "graph capture" if config.graph_capture else None)
+              "self-check mode" if config.check else None)
     if reason is None:
         try:
             key = graph_key(gm, example_inputs, config, kind, reg)
@@ -277,7 +276,7 @@ def _variants(key: GraphKey, entry: dict[str, Any]) -> list[dict[str, Any]]:
     """The entry's variants with ``entry`` added: one key compiled under different size
     guards (sizes the compile specialised on) keeps one variant per guard set, newest first."""
     try:
-        old = pickle.loads(_store().read(key.digest, SUFFIX) or pickle.dumps([]))
+        old = pickle.loads(_store().read(key.digest, SUFFIX, remote=False, count=False) or pickle.dumps([]))
     except Exception:  # noqa: BLE001 - an unreadable entry is replaced
         old = []
     if not isinstance(old, list):

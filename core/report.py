@@ -1,6 +1,7 @@
 """Reports: ``coil.explain(fn, *args)``: compile ``fn`` with Coil, run it once, and report what Coil
 did — kernels (device, name, source, fused ATen ops), ops that fell back to ATen, planned
-peak memory, and compile seconds by stage — as text for people and fields for tests."""
+peak memory, compile seconds by stage, and the caches' hits and misses per layer (graph,
+kernel, autotune; remote ones too) — as text for people and fields for tests."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -9,12 +10,17 @@ from typing import Any, Callable
 import torch
 
 from .compile import GraphReport, KernelReport, add_observer, remove_observer
+from .report_text import format_graph
+from .sdk import cachestats
 
 
 @dataclass
 class ExplainReport:
     graphs: list[GraphReport] = field(default_factory=list)
     result: Any = None
+    #: Cache lookups and writes during the compile and the first call (autotuning happens
+    #: at the first launch): ``cache.get("graph", "hit")``, ``cache.get("kernel", "miss")``...
+    cache: cachestats.Counts = field(default_factory=cachestats.Counts)
 
     @property
     def kernels(self) -> list[KernelReport]:
@@ -27,6 +33,12 @@ class ExplainReport:
     @property
     def library_calls(self) -> list[str]:
         return [op for g in self.graphs for op in g.library_ops]
+
+    @property
+    def collectives(self) -> list[str]:
+        """Each collective and wait (``torch.distributed``) with where it ran: ``"op: started
+        at step 1, waited at step 4; 2 step(s) in flight: ..."`` (:mod:`coil.collectives`)."""
+        return [f"{f.op}: {f.reason}" for g in self.graphs for f in g.fallbacks if f.kind == "collective"]
 
     @property
     def peak_bytes(self) -> int:
@@ -51,38 +63,20 @@ class ExplainReport:
         return out
 
     def __str__(self) -> str:
-        return "\n".join(format_graph(g) for g in self.graphs) or "(no graph reached Coil)"
-
-
-def format_graph(g: GraphReport) -> str:
-    lines = [f"== {g.name} ({g.kind}): {len(g.kernels)} kernel(s), "
-             f"{len(g.fallback_ops)} fallback(s), {len(g.library_ops)} library call(s), "
-             f"planned peak {g.peak_bytes / 2**20:.2f} MiB "
-             f"({g.inplace} buffer(s) in place, {g.reused} reused)"
-             f"{'; loaded from the graph cache' if getattr(g, 'cached', False) else ''}"]
-    lines.append("   compile seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in g.stage_seconds.items()))
-    for f in g.fallbacks:
-        label = {"library": "library", "template": "template"}.get(f.kind, "FALLBACK")
-        lines.append(f"   {label}: {f.op} ({f.reason})")
-    for k in g.kernels:
-        lines.append(f"-- kernel {k.name} [{k.device}] fuses {', '.join(k.ops) or '-'}")
-        if k.template:
-            lines.append(f"   template: {k.template}")
-            chosen = k.chosen() if k.chosen is not None else ""
-            if chosen:
-                lines.append(f"   chosen: {chosen}")
-        lines.extend("   " + line for line in k.source.rstrip().splitlines())
-    return "\n".join(lines)
+        text = "\n".join(format_graph(g) for g in self.graphs) or "(no graph reached Coil)"
+        return f"{text}\n== caches: {self.cache.summary()}"
 
 
 def explain(fn: Callable[..., Any], *args: Any, dynamic: bool | None = False, **kwargs: Any) -> ExplainReport:
     """Compile ``fn`` with Coil (fresh Dynamo state), call it on ``args``, and report."""
     report = ExplainReport()
     add_observer(report.graphs.append)
+    before = cachestats.snapshot()
     try:
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="coil", dynamic=dynamic)
         report.result = compiled(*args, **kwargs)
     finally:
         remove_observer(report.graphs.append)
+        report.cache = cachestats.snapshot() - before
     return report

@@ -11,7 +11,7 @@ from typing import Protocol, Sequence
 
 import sympy
 
-from . import config, ir
+from . import collectives, config, ir
 from .graph import LoweredGraph
 from .loop_order import memory_order, permute
 from . import templates
@@ -132,6 +132,8 @@ class Scheduler:
                 self.preds[i] |= readers_of_old.get(node.mutates, set()) - {i}
             for out in node.outputs():
                 writer[out] = i
+        for earlier, later in collectives.order_edges(self.nodes):
+            self.preds[later].add(earlier)
         self.succs: list[set[int]] = [set() for _ in self.nodes]
         for i, ps in enumerate(self.preds):
             for p in ps:
@@ -336,7 +338,8 @@ class Scheduler:
         """Groups in dependency order: graph order, except that a ready group which frees
         more memory than it allocates (the last reader of a big buffer) runs first, so a
         large intermediate does not stay alive across unrelated work (GPT's qkv projection
-        kept until v's copy at the end of attention)."""
+        kept until v's copy at the end of attention). Collectives come before both and
+        their waits after both (:func:`coil.collectives.order_class`)."""
         alive = [g for g, grp in enumerate(self.groups) if grp.alive]
         indeg = {g: 0 for g in alive}
         succ = {g: self._group_succs(g) for g in alive}
@@ -344,10 +347,14 @@ class Scheduler:
             for s in succ[g]:
                 indeg[s] += 1
         memory = _MemoryView(self, alive)
+        # collectives start as early as they can, their waits run when nothing else is ready
+        overlap = config.current().collective_overlap
+        rank = {g: collectives.order_class(self.nodes[self.groups[g].members[0]], overlap) for g in alive}
         ready = {g for g in alive if indeg[g] == 0}
         order: list[int] = []
         while ready:
-            g = min(ready, key=lambda c: (0 if memory.net_freed(c) > 0 else 1, min(self.groups[c].members)))
+            g = min(ready, key=lambda c: (rank[c], 0 if memory.net_freed(c) > 0 else 1,
+                                          min(self.groups[c].members)))
             ready.discard(g)
             order.append(g)
             memory.scheduled(g)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import ir, symbolic
+from . import collectives, ir, symbolic
 from .graph import LoweredGraph
 from .kernel import Kernel
 from .memory import MemoryPlan
@@ -217,7 +217,7 @@ class WrapperWriter:
         # an OpOverload's bound C++ callable: what its Python __call__ calls, minus ~4 us
         op = self.const(getattr(node.op, "_op", node.op))
         args = [self.arg(a) for a in node.args] + [f"{k}={self.arg(v)}" for k, v in node.kwargs.items()]
-        call = f"{op}({', '.join(args)})"
+        call = f"{op}({', '.join(args)})" + collectives.comment(node)
         if len(node.output_names) == 1 and node.output_paths[0] == ():
             self.w.line(f"{node.output_names[0]} = {call}")
         else:
@@ -229,7 +229,8 @@ class WrapperWriter:
                 if isinstance(n, sympy.Symbol) and n.name not in self.bound:
                     self.w.line(f"{n.name} = {name}.size({dim})")
                     self.bound.add(n.name)
-            if self.check_layouts and layout is not None and name not in dead:
+            in_flight = isinstance(node, collectives.CollectiveNode)  # checked after its wait
+            if self.check_layouts and layout is not None and name not in dead and not in_flight:
                 self._check_layout(name, layout)
 
     def _check_layout(self, name: str, layout: ir.Layout) -> None:

@@ -188,12 +188,36 @@ class DeviceBackend:
         current stream, say). Names they define are visible to every ``call_line``."""
         return []
 
-    def capture(self, fn: Any, example_inputs: Sequence[Any]) -> Any:
+    def capture(self, fn: Any, example_inputs: Sequence[Any], *,
+                static_inputs: frozenset[int] = frozenset(), measure: bool = False) -> Any:
         """Record ``fn`` (the compiled graph's callable, boxed: it takes the argument list)
         for replay and return the replaying callable, or None when the backend cannot.
-        Called when ``torch.compile(..., mode="reduce-overhead")`` or the ``graph_capture``
-        option asks for it; only for graphs whose every kernel runs on this backend."""
+        Called when the ``graph_capture`` knob asks for it (``torch.compile(...,
+        mode="reduce-overhead")`` sets it), only for graphs whose every kernel runs on this
+        backend with static sizes and no mutated input.
+
+        From SDK 0.13.0 (plugins declaring an older SDK are called with the first two
+        arguments only, and never in ``auto`` mode): ``static_inputs`` are the indices of
+        inputs whose address stays fixed across calls (parameters, buffers): record them in
+        place instead of copying them, and re-record if such an address changes. With
+        ``measure`` (``graph_capture=auto``), time the replay against ``fn`` itself on the
+        first call and keep the faster. The callable may have a ``describe() -> str`` that
+        ``coil.explain`` shows (recorded or not, and the times measured)."""
         return None
+
+    def collective(self, op: Any) -> Any:
+        """What Coil calls for the functional collective ``op`` on this device: ``op`` is an
+        overload of ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
+        ``reduce_scatter_tensor``, ``all_to_all_single``, ``broadcast``, the ``_coalesced``
+        forms) or its ``wait_tensor``. Return a callable with ``op``'s signature and meaning:
+        a collective's call starts the communication and returns its outputs at once; they
+        hold the result once the wait (what this method returns for ``wait_tensor``) has
+        returned them. Coil neither frees, reuses nor writes a tensor the call took or
+        returned until then. A backend with its own collective library returns its own start
+        and wait (the wait must also finish collectives torch started: pass tensors it does
+        not know to torch's ``wait_tensor``). The default: ``op`` itself, torch's, which runs
+        on the process group's ``torch.distributed`` backend (SDK 0.11.0)."""
+        return op
 
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""

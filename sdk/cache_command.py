@@ -1,13 +1,17 @@
 """``coil cache stats|clear|export FILE|import FILE``: what Coil's on-disk cache
-(:mod:`coil.sdk.diskcache`) holds per namespace against its size cap, emptying it, and
-moving it to another machine as a bundle of artifacts (:mod:`coil.cache`). Registered in
-``coil.cli``."""
+(:mod:`coil.sdk.diskcache`) holds per namespace against its size cap, its hits and misses
+per layer (:mod:`coil.sdk.cachestats`) and, with a remote cache configured, what Redis holds
+under Coil's prefix; emptying both; and moving the local cache to another machine as a
+bundle of artifacts (:mod:`coil.cache`). Registered in ``coil.cli``."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
+from typing import Any
 
+from . import cachestats
 from .diskcache import clear, max_bytes, namespaces, stats, unmanaged
 
 HELP = "show (stats), empty (clear), export or import Coil's on-disk cache"
@@ -15,10 +19,14 @@ HELP = "show (stats), empty (clear), export or import Coil's on-disk cache"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="cache_command", required=True)
-    sub.add_parser("stats", help="entries and bytes per namespace, and the size cap")
-    clear_parser = sub.add_parser("clear", help="delete the cached files")
+    sub.add_parser("stats", help="entries and bytes per namespace against the size cap, hits and misses "
+                                 "per layer, and the remote cache's entries")
+    clear_parser = sub.add_parser("clear", help="delete the cached files, and Coil's entries on the remote "
+                                                "cache when one is configured (COIL_REMOTE_CACHE)")
     clear_parser.add_argument("namespaces", nargs="*",
                               help="only these namespaces (default: every managed one)")
+    clear_parser.add_argument("--local-only", action="store_true",
+                              help="leave the remote cache alone")
     export_parser = sub.add_parser("export", help="write every cached entry to FILE (an artifact bundle)")
     export_parser.add_argument("file")
     import_parser = sub.add_parser("import", help="load an artifact bundle (coil cache export, "
@@ -46,15 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cache_command in ("export", "import"):
         return _transfer(args.cache_command, args.file, root)
     if args.cache_command == "clear":
-        known = [ns.name for ns in namespaces(root)]
-        unknown = [n for n in args.namespaces if n not in known]
-        if unknown:
-            print(f"coil cache clear: no namespace {', '.join(map(repr, unknown))} under {root}; "
-                  f"managed namespaces: {', '.join(known) or '(none)'}", file=sys.stderr)
-            return 2
-        count, freed = clear(root, args.namespaces or None)
-        print(f"removed {count} file(s), {_human(freed)}, from {root}")
-        return 0
+        return _clear(root, args.namespaces, args.local_only)
     env = os.environ.get("COIL_CACHE_MAX_BYTES")
     source = f"COIL_CACHE_MAX_BYTES={env}" if env else "the default; set COIL_CACHE_MAX_BYTES to change it"
     rows = stats(root)
@@ -74,6 +74,54 @@ def run(args: argparse.Namespace) -> int:
         print()
         print("not managed here (no size cap; `coil cache clear` leaves them): "
               + ", ".join(f"{name} ({_human(size)})" for name, size in others))
+    counts = cachestats.saved(root)
+    since = (f"since {datetime.datetime.fromtimestamp(counts.since).isoformat(' ', 'seconds')}"
+             if counts.since else "so far")
+    print()
+    print(f"lookups and writes {since}, all processes (`coil cache clear` resets them):")
+    print(counts.table_text())
+    _remote_stats()
+    return 0
+
+
+def _remote() -> Any:
+    from .remotecache import current
+    return current()
+
+
+def _remote_stats() -> None:
+    remote = _remote()
+    if remote is None:
+        return
+    print()
+    try:
+        entries, size = remote.count()
+    except Exception as exc:  # noqa: BLE001 - any client or server failure: say so, go on
+        print(f"remote cache {remote.url} (prefix {remote.prefix!r}): unreachable ({type(exc).__name__}: {exc})")
+        return
+    print(f"remote cache {remote.url} (prefix {remote.prefix!r}): {entries} entr(y/ies), {_human(size)}")
+
+
+def _clear(root: str, only: list[str], local_only: bool) -> int:
+    known = [ns.name for ns in namespaces(root)]
+    unknown = [n for n in only if n not in known]
+    remote = None if local_only else _remote()
+    if unknown and remote is None:
+        print(f"coil cache clear: no namespace {', '.join(map(repr, unknown))} under {root}; "
+              f"managed namespaces: {', '.join(known) or '(none)'}", file=sys.stderr)
+        return 2
+    count, freed = clear(root, only or None)
+    cachestats.reset(root, only or None)
+    print(f"removed {count} file(s), {_human(freed)}, from {root}")
+    if remote is None:
+        return 0
+    try:
+        deleted = remote.clear(only or None)
+    except Exception as exc:  # noqa: BLE001 - the local cache is cleared; say what was not
+        print(f"coil cache clear: remote cache {remote.url} not cleared: {type(exc).__name__}: {exc}",
+              file=sys.stderr)
+        return 1
+    print(f"removed {deleted} entr(y/ies) under prefix {remote.prefix!r} from the remote cache {remote.url}")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Coil's on-disk cache: entries checked before use, written atomically, swept of debris and
 capped in size. Plugins keep compiled libraries and tuning results here; ``coil cache
-stats|clear`` (:mod:`coil.sdk.cache_command`) shows and empties it.
+stats|clear`` (:mod:`coil.sdk.cache_command`) shows and empties it. Each lookup is counted
+as a hit, a remote hit or a miss in its namespace's layer (:mod:`coil.sdk.cachestats`).
 
 Layout: ``<COIL_CACHE_DIR>/<namespace>/``, marked as managed by a ``.coil-diskcache`` file
 (eviction and ``coil cache`` touch nothing else), one file per entry,
@@ -45,6 +46,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Literal
+
+from . import cachestats
 
 log = logging.getLogger(__name__)
 
@@ -136,13 +139,16 @@ def _temp_for(final: Path) -> Path:
 class DiskCache:
     """One namespace of the cache: a folder of checked entries. ``fanout`` spreads entries
     over 256 subfolders (``key[:2]``) for namespaces that grow large; ``max_bytes`` overrides
-    :func:`max_bytes` (tests use a tiny one)."""
+    :func:`max_bytes` (tests use a tiny one); ``layer`` (``"graph"``, ``"kernel"``,
+    ``"autotune"``) is where its hits and misses are counted (:mod:`coil.sdk.cachestats`;
+    ``"other"`` by default)."""
 
     def __init__(self, folder: str | os.PathLike[str], *, fanout: bool = False,
-                 max_bytes: int | None = None) -> None:
+                 max_bytes: int | None = None, layer: str = "other") -> None:
         self.folder = Path(folder)
         self.root = self.folder.parent
         self.fanout = fanout
+        self.layer = layer
         self._max_bytes = max_bytes
         self.folder.mkdir(parents=True, exist_ok=True)
         marker = self.folder / MARKER
@@ -152,11 +158,11 @@ class DiskCache:
             self.sweep()
 
     @classmethod
-    def in_namespace(cls, namespace: str, *, fanout: bool = False,
-                     max_bytes: int | None = None) -> DiskCache:
+    def in_namespace(cls, namespace: str, *, fanout: bool = False, max_bytes: int | None = None,
+                     layer: str = "other") -> DiskCache:
         """The namespace ``namespace`` under the configured ``COIL_CACHE_DIR``."""
         from coil.sdk import cache_dir
-        return cls(cache_dir(namespace), fanout=fanout, max_bytes=max_bytes)
+        return cls(cache_dir(namespace), fanout=fanout, max_bytes=max_bytes, layer=layer)
 
     @property
     def max_bytes(self) -> int:
@@ -168,9 +174,11 @@ class DiskCache:
             raise ValueError(f"cache key {key!r}: use letters, digits, '-' and '_' (a hex digest)")
         return (self.folder / key[:2] if self.fanout else self.folder) / f"{key}{suffix}"
 
-    def lookup(self, key: str, suffix: str = "") -> Path | None:
+    def lookup(self, key: str, suffix: str = "", *, remote: bool = True, count: bool = True) -> Path | None:
         """The path of the entry, checked and touched; ``None`` when it is missing or was
-        damaged (then quarantined, with a warning)."""
+        damaged (then quarantined, with a warning). On a local miss the remote cache is
+        asked unless ``remote`` is False. The lookup is counted (a hit, a remote hit or a
+        miss) unless ``count`` is False: a caller looking at an entry it already counted."""
         path = self.path(key, suffix)
         try:
             with open(path, "rb") as f:
@@ -178,15 +186,15 @@ class DiskCache:
                     _check(f)
                 except _Damaged as exc:
                     self._quarantine(path, f, str(exc))
-                    return path if self._from_remote(key, suffix) is not None else None
+                    return path if self._from_remote(key, suffix, remote, count) is not None else None
         except FileNotFoundError:
-            return path if self._from_remote(key, suffix) is not None else None
-        _touch(path)
-        used[(str(self.folder), key, suffix)] = self.fanout
+            return path if self._from_remote(key, suffix, remote, count) is not None else None
+        self._hit(path, key, suffix, count)
         return path
 
-    def read(self, key: str, suffix: str = "") -> bytes | None:
-        """The payload of the entry, checked; ``None`` as for :meth:`lookup`."""
+    def read(self, key: str, suffix: str = "", *, remote: bool = True, count: bool = True) -> bytes | None:
+        """The payload of the entry, checked; ``None`` (and ``remote``, ``count``) as for
+        :meth:`lookup`."""
         path = self.path(key, suffix)
         try:
             with open(path, "rb") as f:
@@ -194,31 +202,44 @@ class DiskCache:
                     size = _check(f)
                 except _Damaged as exc:
                     self._quarantine(path, f, str(exc))
-                    return self._from_remote(key, suffix)
+                    return self._from_remote(key, suffix, remote, count)
                 f.seek(0)
                 data = f.read(size)
         except FileNotFoundError:
-            return self._from_remote(key, suffix)
-        _touch(path)
-        used[(str(self.folder), key, suffix)] = self.fanout
+            return self._from_remote(key, suffix, remote, count)
+        self._hit(path, key, suffix, count)
         return data
 
-    def write(self, key: str, suffix: str, data: bytes) -> Path:
-        """Store ``data`` as the entry ``key`` (atomically; the last writer wins)."""
-        with self.producing(key, suffix) as tmp:
+    def write(self, key: str, suffix: str, data: bytes, *, remote: bool = True) -> Path:
+        """Store ``data`` as the entry ``key`` (atomically; the last writer wins), and send
+        it to the remote cache unless ``remote`` is False."""
+        with self.producing(key, suffix, remote=remote) as tmp:
             tmp.write_bytes(data)
         return self.path(key, suffix)
 
-    def _from_remote(self, key: str, suffix: str) -> bytes | None:
+    def _count(self, event: cachestats.Event) -> None:
+        cachestats.count(self.layer, self.folder.name, event, root=self.root)
+
+    def _hit(self, path: Path, key: str, suffix: str, count: bool) -> None:
+        _touch(path)
+        used[(str(self.folder), key, suffix)] = self.fanout
+        if count:
+            self._count("hit")
+
+    def _from_remote(self, key: str, suffix: str, ask: bool = True, count: bool = True) -> bytes | None:
         """On a local miss: the entry from the remote cache (``remote_cache`` knob), stored
-        locally too; None without one, or when it lacks the entry."""
+        locally too; None without one, when it lacks the entry or ``ask`` is False."""
         from .remotecache import current
-        remote = current()
-        data = remote.get(self.folder.name, key, suffix) if remote is not None else None
+        remote = current() if ask else None
+        data, answer = remote.fetch(self.folder.name, key, suffix) if remote is not None else (None, None)
         if data is not None:
             with self.producing(key, suffix, remote=False) as tmp:
                 tmp.write_bytes(data)
             used[(str(self.folder), key, suffix)] = self.fanout
+        if count:
+            self._count("remote_hit" if data is not None else "miss")
+            if answer in ("miss", "error"):
+                self._count("remote_miss" if answer == "miss" else "remote_error")
         return data
 
     def _to_remote(self, key: str, suffix: str, path: Path) -> None:
@@ -229,7 +250,9 @@ class DiskCache:
         size = path.stat().st_size - TRAILER_LEN
         if 0 <= size <= MAX_ENTRY_BYTES:
             with open(path, "rb") as f:
-                remote.put(self.folder.name, key, suffix, f.read(size))
+                sent = remote.send(self.folder.name, key, suffix, f.read(size))
+            if sent != "kept":
+                self._count("remote_write" if sent == "stored" else "remote_error")
 
     @contextlib.contextmanager
     def producing(self, key: str, suffix: str = "", *, remote: bool = True) -> Iterator[Path]:
@@ -248,6 +271,7 @@ class DiskCache:
             tmp.unlink(missing_ok=True)
             raise
         used[(str(self.folder), key, suffix)] = self.fanout
+        self._count("write")
         if remote:
             self._to_remote(key, suffix, final)
         if time.monotonic() - _last_sweep.get(self.root, 0.0) >= SWEEP_INTERVAL_S:

@@ -109,6 +109,27 @@ HISTORY: tuple[Release, ...] = (
         Change("DeviceBackend.target_key(): the hardware and toolchain compiled code is for, in "
                "graph-cache keys and compared when artifacts are loaded (default '')"),
     )),
+    Release("0.11.0", (
+        Change("DeviceBackend.collective(op): the callable Coil calls for a functional "
+               "collective of torch.distributed (all_reduce, all_gather_into_tensor, "
+               "reduce_scatter_tensor...) or its wait_tensor on the device; the default is "
+               "torch's op (a backend with its own collective library returns its own)"),
+    )),
+    Release("0.12.0", (
+        Change("coil.sdk.cachestats: hit and miss counts per cache layer (graph, kernel, "
+               "autotune) for coil.explain and `coil cache stats`; count() for a plugin whose "
+               "cache is not a DiskCache"),
+        Change("DiskCache(layer=...): the layer its lookups count under; lookup/read(remote=, "
+               "count=) and write(remote=): skip the remote cache or the count (optional, "
+               "keyword-only)"),
+    )),
+    Release("0.13.0", (
+        Change("DeviceBackend.capture(fn, example_inputs, *, static_inputs, measure): the "
+               "indices of inputs with fixed addresses (record in place, re-record when one "
+               "moves) and whether to keep the recording only where its replay measures faster "
+               "(the graph_capture knob's new default, auto); older plugins keep the two-argument "
+               "call and are recorded only under mode='reduce-overhead'"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -234,3 +234,25 @@ def test_dynamic_output_size_in_a_torch_function():
     torch.testing.assert_close(got, fn(x))
     got.sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.0).where(torch.arange(6) < 3, 0.0))
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, y: torch.softmax(x, -1) * x.shape[0],
+    lambda x, y: x * y.shape[0] + x.shape[1],  # a size the kernel knows only as a scalar
+    lambda x, y: (x.sum(-1) / x.shape[1]).to(torch.int64) * x.shape[0],
+], ids=["softmax_times_rows", "other_input_size", "int_result"])
+def test_a_symbolic_size_used_as_a_scalar_stays_symbolic(fn):
+    """With dynamic=True, a size used as a number (``softmax(x) * x.shape[0]``) was turned
+    into a constant by the lowering, which added the guard ``Eq(s0, 3)``: every size compiled
+    again. It is an index expression used as data now: two sizes, one compile."""
+    from coil import compile as cc
+    reports = []
+    cc.add_observer(reports.append)
+    try:
+        compiled = torch.compile(fn, backend="coil", dynamic=True)
+        for rows in (3, 6):
+            x, y = torch.randn(rows, rows + 2), torch.randn(rows + 5)
+            torch.testing.assert_close(compiled(x, y), fn(x, y))
+    finally:
+        cc.remove_observer(reports.append)
+    assert len(reports) == 1 and reports[0].symbolic

@@ -355,3 +355,15 @@ def test_repeated_layers_compile_one_cpp_function_each(tmp_path):
     (unit,) = tmp_path.glob("*/kernels_cpu.txt")
     functions = unit.read_text().count('extern "C" void')
     assert len(report.kernels) >= 6 and functions <= 2, (len(report.kernels), functions)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pow_by_small_integer_exponents_is_eagers_product(dtype):
+    # ATen computes x ** 3 as x * x * x and x ** -2 as 1 / (x * x) (bfloat16 rounding the square):
+    # so does Coil, and GELU-tanh's cube costs two multiplies instead of a pow
+    x = (torch.randn(4099) * 10).to(dtype)
+    f = torch.compile(lambda t: (torch.pow(t, 3.0), torch.pow(t, -2.0)), backend="coil")
+    cube, inv_square = f(x)
+    tol = {} if TEST_BACKEND == "cpu_cpp" else {"rtol": 2e-6 if dtype == torch.float32 else 1e-2, "atol": 0}
+    torch.testing.assert_close(cube, torch.pow(x, 3.0), **(tol or {"rtol": 0, "atol": 0}))
+    torch.testing.assert_close(inv_square, torch.pow(x, -2.0), **(tol or {"rtol": 0, "atol": 0}))

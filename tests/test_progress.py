@@ -208,12 +208,15 @@ def test_the_knob_from_the_environment(monkeypatch):
 class _Worker:
     dead = False
 
-    def __init__(self) -> None:
+    def __init__(self, up: bool = True) -> None:
         self.jobs: list = []
+        self.ready = threading.Event()
+        if up:
+            self.ready.set()
 
-    def run(self, job) -> bool:
+    def run(self, job) -> dict:
         self.jobs.append(job)
-        return True
+        return {"ok": True, "hit": False}
 
 
 def test_the_triton_pool_reports_every_job(monkeypatch):
@@ -221,8 +224,35 @@ def test_the_triton_pool_reports_every_job(monkeypatch):
     workers = [_Worker(), _Worker()]
     monkeypatch.setattr(compile_pool, "_serving", lambda: workers)
     done: list[int] = []
-    compile_pool.build([[i] for i in range(7)], on_done=done.append)
+    answers = compile_pool.build([[i] for i in range(7)], on_done=done.append)
     assert sorted(done) == list(range(7)) and sum(len(w.jobs) for w in workers) == 7
+    assert answers == [{"ok": True, "hit": False}] * 7  # each job's answer, in job order
+
+
+def test_the_triton_pool_builds_in_process_while_workers_start(monkeypatch):
+    """With a local builder the caller never waits for a worker: it builds from the same
+    queue, and a worker that comes up meanwhile takes what is left."""
+    from coil_cuda_triton import compile_pool
+    late = _Worker(up=False)
+    monkeypatch.setattr(compile_pool, "_live", lambda: [late])
+    local: list[int] = []
+
+    def build_here(i: int) -> None:
+        local.append(i)
+        if i == 1:
+            late.ready.set()  # the worker comes up while this thread builds
+            time.sleep(0.3)
+
+    done: list[int] = []
+    answers = compile_pool.build([[i] for i in range(6)], on_done=done.append, local=build_here)
+    assert sorted(done) == list(range(6)) and sorted(local + [j[0] for j in late.jobs]) == list(range(6))
+    assert late.jobs, "the worker that came up took jobs"
+    assert all(a == {"ok": True, "local": True} for i, a in enumerate(answers) if i in local)
+    assert all(answers[j[0]] == {"ok": True, "hit": False} for j in late.jobs)
+    never = _Worker(up=False)  # a worker that never comes up does not hold the build
+    monkeypatch.setattr(compile_pool, "_live", lambda: [never])
+    assert compile_pool.build([[0], [1]], local=lambda i: None) == [{"ok": True, "local": True}] * 2
+    assert never.jobs == []
 
 
 def test_the_triton_count_takes_a_launcher_once_its_builds_end():
@@ -243,6 +273,11 @@ def test_the_triton_count_takes_a_launcher_once_its_builds_end():
     assert seen == [(1, 3), (2, 3), (3, 3)]
 
 
+class _Config:  # a launch configuration: hashable, its fields in __dict__
+    def __init__(self, num_warps: int) -> None:
+        self.num_warps = num_warps
+
+
 def test_triton_precompile_reports_pool_and_in_process_builds(monkeypatch):
     """``TritonBackend._precompile`` with fake launchers and pool workers: the count reaches
     every launcher once, whether its binaries were built in the pool or in-process."""
@@ -254,8 +289,13 @@ def test_triton_precompile_reports_pool_and_in_process_builds(monkeypatch):
 
         def __init__(self, name: str, configs: int) -> None:
             self.src = types.SimpleNamespace(name=name, params=[], types=[], shape="", buffers=[])
-            self.configs = [types.SimpleNamespace(num_warps=w) for w in range(configs)]
+            self.configs = [_Config(w) for w in range(configs)]
             self.built = False
+            self.counted: set = set()
+            self.here: list = []  # configurations built in this process, from the pool's queue
+
+        def binary(self, cfg) -> None:
+            self.here.append(cfg)
 
         def to_build(self):
             return self.configs
@@ -267,10 +307,12 @@ def test_triton_precompile_reports_pool_and_in_process_builds(monkeypatch):
     monkeypatch.setattr(compile_pool, "start", lambda arch: None)
     workers = [_Worker(), _Worker()]
     monkeypatch.setattr(compile_pool, "_serving", lambda: workers)
+    monkeypatch.setattr(compile_pool, "_live", lambda: workers)
     launchers = [Launcher("k_a", 2), Launcher("k_b", 1), Launcher("k_old", 3)]
     seen: list[tuple[int, int]] = []
     with listening(lambda done, total: seen.append((done, total))):
         triton_backend.TritonBackend()._precompile(launchers, "/tmp/k.py", {"k_a", "k_b"})
-    assert sum(len(w.jobs) for w in workers) == 3  # k_old's function is not in this file
+    # k_old's function is not in this file: 3 jobs, shared by the workers and this thread
+    assert sum(len(w.jobs) for w in workers) + sum(len(la.here) for la in launchers) == 3
     assert all(la.built for la in launchers)
     assert sorted(seen) == seen and seen[-1] == (3, 3) and len(seen) == 3, seen

@@ -17,7 +17,8 @@ import time
 import pytest
 import torch
 
-from coil import config
+import coil
+from coil import cli, config
 from coil.sdk import remotecache
 from coil.sdk.diskcache import DiskCache
 
@@ -35,13 +36,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def server(tmp_path):
+def _start(tmp_path, *extra: str, password: str | None = None):
+    """A redis-server on a free port (the ``redis`` package is the tests' own client, so
+    Coil's client is checked against another one)."""
     port = _free_port()
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(tmp_path)],
+                             "--appendonly", "no", "--dir", str(tmp_path), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    client = redis.Redis(port=port)
+    client = redis.Redis(port=port, password=password)
     for _ in range(100):
         try:
             client.ping()
@@ -51,10 +53,31 @@ def server(tmp_path):
     else:
         proc.kill()
         pytest.fail("redis-server did not start")
+    return proc, port, client
+
+
+@pytest.fixture
+def server(tmp_path):
+    proc, port, client = _start(tmp_path)
     yield proc, f"redis://127.0.0.1:{port}/0", client
     if proc.poll() is None:
         proc.kill()
     proc.wait()
+
+
+def test_the_client_logs_in_and_selects_the_database(tmp_path):
+    proc, port, _ = _start(tmp_path, "--requirepass", "s3cret", password="s3cret")
+    try:
+        remote = remotecache.RemoteCache(f"redis://:s3cret@127.0.0.1:{port}/2?prefix=p")
+        assert remote.put("ns", "key", ".bin", b"\x00\r\n" * 1000)  # binary-safe
+        assert remote.get("ns", "key", ".bin") == b"\x00\r\n" * 1000
+        assert redis.Redis(port=port, password="s3cret", db=2).keys("*") == [b"p:ns:key.bin"]
+        assert redis.Redis(port=port, password="s3cret", db=0).keys("*") == []
+        wrong = remotecache.RemoteCache(f"redis://:nope@127.0.0.1:{port}/2")
+        assert wrong.fetch("ns", "key", ".bin") == (None, "error")  # refused login: a failure, no crash
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 SCRIPT = """
@@ -174,3 +197,73 @@ def test_oversized_payloads_stay_local(server, tmp_path, monkeypatch):
         cache.write("small", ".bin", b"x" * 10)
         cache.write("large", ".bin", b"x" * 1000)
     assert client.keys("coil:remote-test:*") == [b"coil:remote-test:small.bin"]
+
+
+def test_hits_and_misses_from_the_remote_are_counted(server, tmp_path, monkeypatch):
+    proc, url, _ = server
+    monkeypatch.setattr(remotecache, "_remotes", {})
+    x = torch.randn(4, 8)
+    with config.override(cache_dir=str(tmp_path / "a"), remote_cache=url):
+        first = coil.explain(_f, x)
+        with config.override(cache_dir=str(tmp_path / "b")):  # another machine
+            second = coil.explain(_f, x)
+        proc.kill()
+        proc.wait()
+        with config.override(cache_dir=str(tmp_path / "c")):
+            third = coil.explain(_f, x)
+    assert first.cache.get("graph", "miss") == 1 and first.cache.get("graph", "remote_miss") == 1
+    assert first.cache.get("graph", "remote_write") == 1 and first.cache.get("kernel", "remote_write") == 1
+    assert second.cache.get("graph", "remote_hit") == 1 and second.cache.get("graph", "miss") == 0
+    assert "graph 0 hit(s), 0 miss(es), 1 from the remote cache" in str(second)
+    assert third.cache.get("graph", "miss") == 1 and third.cache.get("graph", "remote_error") == 2  # get, put
+    assert "remote cache unavailable" in str(third)
+
+
+def _coil_keys(client, prefix="coil"):
+    return sorted(k.decode() for k in client.keys(f"{prefix}:*"))
+
+
+def test_cache_clear_empties_coils_namespace_on_the_server_and_nothing_else(server, tmp_path, monkeypatch, capsys):
+    _, url, client = server
+    monkeypatch.setattr(remotecache, "_remotes", {})
+    with config.override(cache_dir=str(tmp_path / "a"), remote_cache=url):
+        _compile(torch.randn(4, 8))
+    ours = _coil_keys(client)
+    assert {k.split(":")[1] for k in ours} == {"graphs", "cpu_cpp"}, ours
+    packed = remotecache._pack(b"a payload")
+    foreign = {
+        "other:graphs:abc.graph": packed,  # another prefix
+        "coilx:graphs:abc.graph": packed,  # a prefix that starts like ours
+        "coil:graphs:abc.graph": b"not a Coil value",  # Coil's shape, someone else's value
+        "coil:user:key:with:colons": packed,  # not the shape of a Coil name
+        "coil": b"x", "unrelated": b"y",
+    }
+    for name, value in foreign.items():
+        client.set(name, value)
+    remotecache.RemoteCache(url + "?prefix=proj2").put("graphs", "k", ".graph", b"another project")
+
+    with config.override(cache_dir=str(tmp_path / "a"), remote_cache=url):
+        assert cli.main(["cache", "stats"]) == 0
+        assert f"remote cache {url} (prefix 'coil'): {len(ours)} entr(y/ies)" in capsys.readouterr().out
+        assert cli.main(["cache", "clear", "--local-only"]) == 0
+        assert _coil_keys(client) == sorted(ours + ["coil:graphs:abc.graph", "coil:user:key:with:colons"])
+        assert cli.main(["cache", "clear", "cpu_cpp"]) == 0  # one namespace
+        assert all(":cpu_cpp:" not in k for k in _coil_keys(client))
+        assert any(k.startswith("coil:graphs:") and k != "coil:graphs:abc.graph" for k in _coil_keys(client))
+        assert cli.main(["cache", "clear"]) == 0
+        assert "from the remote cache" in capsys.readouterr().out
+    for name, value in foreign.items():
+        assert client.get(name) == value, name
+    assert _coil_keys(client) == ["coil:graphs:abc.graph", "coil:user:key:with:colons"]
+    assert client.keys("proj2:*") == [b"proj2:graphs:k.graph"]
+    with config.override(cache_dir=str(tmp_path / "fresh"), remote_cache=url):
+        assert not _compile(torch.randn(4, 8))[0].cached  # nothing left to hit: compiled again
+
+
+def test_cache_clear_says_when_the_server_is_unreachable(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(remotecache, "_remotes", {})
+    with config.override(cache_dir=str(tmp_path), remote_cache=f"redis://127.0.0.1:{_free_port()}/0"):
+        assert cli.main(["cache", "clear"]) == 1
+        assert cli.main(["cache", "stats"]) == 0
+    captured = capsys.readouterr()
+    assert "not cleared" in captured.err and "unreachable" in captured.out

@@ -264,11 +264,15 @@ def test_shipped_template_plugin_loads():
 
 
 
-def test_interleaved_selection_warms_up_takes_turns_and_medians():
-    """The template-or-library choice keeps the device busy first, then times candidates turn
-    by turn (A, B, A, B...) and keeps the lowest median, skipping a candidate that fails."""
+def test_interleaved_selection_warms_up_takes_turns_and_medians(monkeypatch):
+    """The template-or-library choice keeps the device busy first (for warm_ms of the host's
+    clock; a bench call waits for the device), then times candidates turn by turn (A, B, A,
+    B...) and keeps the lowest median, skipping a candidate that fails."""
     pytest.importorskip("triton")
+    import types
     from coil_cuda_triton import autotune
+    clock = [0.0]  # seconds: each bench call below takes the time it reports
+    monkeypatch.setattr(autotune, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     from coil_cuda_triton.configs import Config
     a, b, broken = Config(16), Config(32), Config(64)
     order, times = [], {a: iter([3.0, 3.0, 5.0, 1.0, 1.0, 9.0, 1.0]), b: iter([2.0] * 5)}
@@ -280,7 +284,9 @@ def test_interleaved_selection_warms_up_takes_turns_and_medians():
 
     def bench(call):
         call()
-        return next(times[order[-1]])
+        ms = next(times[order[-1]])
+        clock[0] += ms / 1000
+        return ms
     best, timings = autotune.select_interleaved([a, b, broken], run, bench, rounds=5, warm_ms=5.0)
     assert best == a and timings == {str(a): 1.0, str(b): 2.0}
     assert order[:2] == [a, b]  # each candidate ran once before anything was timed

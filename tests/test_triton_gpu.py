@@ -27,6 +27,59 @@ def test_reduce_overhead_replays_and_keeps_results():
         torch.testing.assert_close(got, f(x, y))
 
 
+class _Chain(torch.nn.Module):
+    """Many tiny layers: the host, not the GPU, bounds a call (graph_capture=auto keeps a replay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(32, 32) for _ in range(24))
+        self.norms = torch.nn.ModuleList(torch.nn.LayerNorm(32) for _ in range(24))
+
+    def forward(self, x):
+        for lin, norm in zip(self.layers, self.norms):
+            x = torch.sin(norm(lin(x))) + x
+        return x
+
+
+def test_auto_capture_replays_host_bound_inference_with_parameters_in_place():
+    model = _Chain().cuda().eval()
+    with torch.no_grad():
+        rep = coil.explain(model, torch.randn(16, 32, device="cuda"))
+        note = rep.graphs[0].capture
+        assert note.replay is not None and "replayed" in str(note), str(note)
+        fn = torch.compile(model, backend="coil")
+        xs = [torch.randn(16, 32, device="cuda") for _ in range(4)]
+        outs = [fn(x) for x in xs]
+        for x, got in zip(xs, outs):  # earlier results were not overwritten by replays
+            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+        model.layers[3].weight.mul_(0.5)  # updated in place: the replay reads the parameter itself
+        torch.testing.assert_close(fn(xs[0]), model(xs[0]), rtol=1e-4, atol=1e-4)
+        model.layers[5].weight = torch.nn.Parameter(torch.randn(32, 32, device="cuda"))  # moved
+        torch.testing.assert_close(fn(xs[1]), model(xs[1]), rtol=1e-4, atol=1e-4)
+
+
+def test_auto_capture_skips_training_and_large_kernels():
+    model = _Chain().cuda()
+    x = torch.randn(16, 32, device="cuda", requires_grad=True)
+    rep = coil.explain(model, x)
+    assert all(g.capture is None or g.capture.replay is None for g in rep.graphs)
+    with torch.no_grad():  # one large kernel: the launch is not the bottleneck, the copies cost
+        big = torch.randn(8192, 8192, device="cuda")
+        rep = coil.explain(lambda t: t * 2 + 1, big)
+        assert "not used" in str(rep.graphs[0].capture), str(rep.graphs[0].capture)
+        torch.testing.assert_close(rep.result, big * 2 + 1)
+
+
+def test_capture_with_dropout_draws_new_numbers_each_replay():
+    x = torch.ones(64, 64, device="cuda")
+    fn = torch.compile(lambda t: torch.nn.functional.dropout(t, 0.5) + 1, backend="coil",
+                       mode="reduce-overhead")
+    with torch.no_grad():
+        outs = [fn(x) for _ in range(4)]
+    assert not torch.equal(outs[2], outs[3])
+    assert all(set(o.unique().tolist()) <= {1.0, 3.0} for o in outs)
+
+
 def test_unaligned_view_inputs():
     base = torch.randn(4097, device="cuda")
     x = base[1:]  # data pointer 4 bytes past an aligned one

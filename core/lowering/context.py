@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 class FallbackRecord:
     op: str
     reason: str
-    kind: str  # "fallback" | "library" | "template" (a library op a template computes)
+    #: "fallback" | "library" | "template" (a library op a template computes) | "collective"
+    kind: str
 
 
 @dataclass

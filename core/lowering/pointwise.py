@@ -174,7 +174,30 @@ def _pow_scalar(ctx: LoweringContext, a: TensorValue, exponent: Any) -> TensorVa
         return pointwise("sqrt", [a], out)
     if exponent == -1 and out.is_floating_point:
         return pointwise("reciprocal", [a], out)
+    if exponent == -0.5 and out.is_floating_point:
+        return pointwise("rsqrt", [a], out)
+    if exponent in (3, -2) and out.is_floating_point and not out.is_complex:
+        return _pow_by_products(a, int(exponent), out)
     return pointwise("pow", [a, exponent], out)
+
+
+def _pow_by_products(a: TensorValue, exponent: int, out: torch.dtype) -> TensorValue:
+    """``a ** 3`` as ``a * a * a`` and ``a ** -2`` as ``1 / (a * a)``: ATen's own special cases
+    for these exponents (CPU and CUDA), so no general ``pow`` is evaluated. In the compute
+    dtype; bfloat16 rounds the square to bfloat16 first, as ATen's bfloat16 arithmetic does
+    (float32 and bfloat16 results are eager's bit for bit on the CPU)."""
+    opnd = compute_dtype(out)
+
+    def fn(idx: list[ir.Expr]) -> ir.Value:
+        x = cast(a.load(idx), opnd)
+        square = ir.Op(opnd, name="mul", args=(x, x))
+        if out == torch.bfloat16:
+            square = cast(cast(square, out), opnd)
+        value = (ir.Op(opnd, name="mul", args=(square, x)) if exponent == 3 else
+                 ir.Op(opnd, name="truediv", args=(const(1, opnd), square)))
+        return cast(value, out)
+
+    return lazy(out, a.device, a.size, fn)
 
 
 @lowering(aten.pow.Scalar)

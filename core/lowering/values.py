@@ -76,6 +76,14 @@ def _convert_const(value: object, dtype: torch.dtype) -> object:
 
 
 def const(value: object, dtype: torch.dtype) -> Value:
+    """A scalar operand as a value. A symbolic size (a ``SymInt`` such as ``x.shape[0]`` under
+    dynamic shapes) stays symbolic, an index expression used as data: converting it to a
+    number would add a guard on the size (``Eq(s0, 3)``) and recompile for every size."""
+    if isinstance(value, torch.SymInt):
+        expr = to_sympy(value)
+        if not expr.is_number:
+            return cast(ir.IndexValue(torch.int64, expr=expr), dtype)
+        value = int(expr)
     return ir.Const(dtype, value=_convert_const(value, dtype))
 
 

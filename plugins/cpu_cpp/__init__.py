@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.10.0"  # current with Coil; uses export_module/import_module, DeviceBackend.Options, DiskCache, coil.sdk.canonical,
-    #               Capabilities.random, Capabilities.inplace_reductions, template_dialects
+    return "0.13.0"  # uses the 0.13.0 capture signature (declines), DiskCache's layer/remote/count arguments, export_module/import_module, DeviceBackend.Options,
+    #               coil.sdk.canonical, Capabilities.random, Capabilities.inplace_reductions, template_dialects
 
 
 @sdk.hookimpl

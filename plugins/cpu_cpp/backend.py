@@ -98,7 +98,7 @@ class CppBackend(sdk.DeviceBackend):
         """The library's bytes with its cache key, declarations and function names: an
         import loads it without compiling (on a machine with the same ``target_key``)."""
         key = Path(compiled.path).name.removesuffix(".so")
-        library = toolchain.library_cache().read(key, ".so")
+        library = toolchain.library_cache().read(key, ".so", remote=False, count=False)  # just looked up
         if library is None:
             return None
         return pickle.dumps({"format": EXPORT_FORMAT, "key": key, "library": library,
@@ -109,8 +109,9 @@ class CppBackend(sdk.DeviceBackend):
         entry = pickle.loads(data)
         if entry.get("format") != EXPORT_FORMAT:
             return None
-        cache = toolchain.library_cache()
-        path = cache.lookup(entry["key"], ".so") or cache.write(entry["key"], ".so", entry["library"])
+        cache = toolchain.library_cache()  # the entry holds the library: no remote, no count
+        path = (cache.lookup(entry["key"], ".so", remote=False, count=False)
+                or cache.write(entry["key"], ".so", entry["library"], remote=False))
         return self._load(str(path), entry["decls"], entry["functions"], entry["sources"], entry["source"])
 
     def target_key(self) -> str:

@@ -15,6 +15,7 @@ from . import reduction_loops, special, template
 from .accumulators import accumulator
 from .cpp import Scope, for_header, idx, parallel_if
 from .divmod_split import innermost_split
+from .tiling import TILE, transpose_tiles
 from .optable import CTYPES, INTEGER_IDENTITY, OPS, literal
 
 
@@ -96,6 +97,11 @@ class KernelWriter:
             names[-1:] = [split.hi.name, split.lo.name]
             ranges[-1:] = [ranges[-1] // split.divisor, sympy.Integer(split.divisor)]
             self.index_subs = split.substitutions()
+        else:
+            tiles = transpose_tiles(self.k)
+            if tiles is not None:
+                self._tiled_pointwise(nodes, tiles.dim)
+                return
         points = parallel_if(sympy.Mul(*self.k.x_ranges))
         if len(ranges) == 1:
             self.w.line(f"#pragma omp parallel for simd {points}")
@@ -104,6 +110,27 @@ class KernelWriter:
         with self.loops(names, ranges, "#pragma omp simd" if len(ranges) > 1 else ""):
             if split is not None:
                 self.w.line(f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};")
+            self.emit_nodes(nodes, Scope())
+
+    def _tiled_pointwise(self, nodes: list[KernelNode], dim: int) -> None:
+        """The loop nest over ``TILE`` x ``TILE`` tiles of kept dim ``dim`` and the innermost
+        one (see :mod:`.tiling`): the other dims and the two tile loops are shared by the
+        threads, the two loops within a tile run inside, the innermost as a vector loop."""
+        names, ranges = [v.name for v in self.k.x_vars], list(self.k.x_ranges)
+        tiled = (dim, len(names) - 1)
+        outer = [i for i in range(len(names)) if i not in tiled]
+        points = parallel_if(sympy.Mul(*ranges))
+        self.w.line(f"#pragma omp parallel for collapse({len(outer) + 2}) {points}")
+        with contextlib.ExitStack() as stack:
+            for i in outer:
+                stack.enter_context(self.w.block(for_header(names[i], ranges[i]), "}"))
+            for i in tiled:
+                stack.enter_context(self.w.block(for_header(f"{names[i]}_tile", ranges[i], step=TILE), "}"))
+            for i in tiled:
+                if i == tiled[-1]:
+                    self.w.line("#pragma omp simd")
+                end = f"std::min<int64_t>({names[i]}_tile + {TILE}, {idx(ranges[i])})"
+                stack.enter_context(self.w.block(for_header(names[i], end, start=f"{names[i]}_tile"), "}"))
             self.emit_nodes(nodes, Scope())
 
     # -- nodes and values

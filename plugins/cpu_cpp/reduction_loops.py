@@ -26,7 +26,7 @@ from .accumulators import Accumulator, accumulator
 from .cpp import Scope, for_header, idx, parallel_if
 from .hoist import hoist_invariants
 from .optable import CTYPES
-from .stash import LoopStashes, plan
+from .stash import LoopStashes, plan, scratch_rows
 
 if TYPE_CHECKING:
     from .codegen import KernelWriter
@@ -54,8 +54,9 @@ def reduction_kernel(kw: KernelWriter) -> None:
     if names and not split:
         points = sympy.Mul(*k.x_ranges, *k.r_ranges)
         kw.w.line(f"#pragma omp parallel for collapse({len(names)}) {parallel_if(points)}")
-    stashes = plan(k)
+    stashes = plan(k, scratch=not split)
     with kw.loops(names, k.x_ranges):
+        kw.w.lines(scratch_rows(k, stashes))
         scope = Scope()
         for i, loop in enumerate(k.loops):
             if loop.level == "x":

@@ -12,7 +12,13 @@ index covers every reduced dim (each element is written by one (x, r) point only
 An output stored in place over an input (``Kernel.inplace``) holds the stash where that input
 was: the earlier loop overwrites the input's element after its own reads of it, so the stash
 is kept only when no later loop reads the input again, except through the stashed value in
-the loop that reads the stash back."""
+the loop that reads the stash back.
+
+Where the output's dtype is not the value's (a bf16 softmax computes ``exp`` in float), the
+value goes to a row of float scratch instead: a local array over the reduced dims, declared
+per kept point, when those dims are of known size and the row fits in ``SCRATCH_LIMIT``
+elements (the row of a softmax over 4096 columns is 16 KiB, in L1). A bf16 softmax of
+3072x4096 computed ``exp`` twice without it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,14 +27,18 @@ import sympy
 from coil.sdk import Kernel, KernelNode, Load, Op, ReductionNode, Value, loads
 
 from .hoist import unmasked
-from .optable import COSTLY_OPS
+from .optable import COSTLY_OPS, CTYPES
+
+#: Most elements of a scratch row (float: 64 KiB of stack per thread).
+SCRATCH_LIMIT = 16384
 
 
 @dataclass(frozen=True)
 class Stash:
     value: Value
-    buffer: str  # the output written by the later loop
+    buffer: str  # the output written by the later loop, or a scratch row
     index: sympy.Expr
+    scratch: bool = False  # ``buffer`` is a local array, declared per kept point
 
 
 @dataclass
@@ -39,24 +49,40 @@ class LoopStashes:
     reads: list[Stash] = field(default_factory=list)
 
 
-def plan(k: Kernel) -> dict[int, LoopStashes]:
-    """The stashes of each r loop of ``k``, by position in ``k.loops``."""
+def scratch_rows(k: Kernel, stashes: dict[int, LoopStashes]) -> list[str]:
+    """Declarations of the scratch rows that ``stashes`` use (C++, one per kept point)."""
+    rows = {s.buffer: s for ls in stashes.values() for s in ls.writes if s.scratch}
+    return [f"{CTYPES[s.value.dtype]} {name}[{_row_size(k)}];" for name, s in sorted(rows.items())]
+
+
+def plan(k: Kernel, scratch: bool = False) -> dict[int, LoopStashes]:
+    """The stashes of each r loop of ``k``, by position in ``k.loops``; with ``scratch``, a
+    value whose dtype is not its output's may go to a scratch row (see the module's notes)."""
     result: dict[int, LoopStashes] = {}
     written = {s for loop in k.loops for kn in loop.nodes for s in kn.stores}
     read = {ld.buffer for loop in k.loops for kn in loop.nodes for ld in loads(kn.body)}
     for later, loop in enumerate(k.loops):
         if loop.level != "r" or any(isinstance(kn.node, ReductionNode) for kn in loop.nodes):
             continue
-        for kn in loop.nodes:
-            if not _can_hold_stash(k, kn, read):
+        for j, kn in enumerate(loop.nodes):
+            in_output = _can_hold_stash(k, kn, read)
+            row = _scratch_index(k) if scratch else None
+            if not in_output and row is None:
                 continue
-            for value in _candidates(k, kn, written):
+            for value in _candidates(k, kn, written, in_output, row is not None):
                 earlier = _earlier_loop_computing(k, later, value)
-                if earlier is not None and _donor_unread_after(k, kn, earlier, later, value):
+                if earlier is None:
+                    continue
+                if value.dtype == kn.node.layout.dtype and in_output:
+                    if not _donor_unread_after(k, kn, earlier, later, value):
+                        continue
                     stash = Stash(value, kn.stores[0], kn.store_index)
-                    result.setdefault(earlier, LoopStashes()).writes.append(stash)
-                    result.setdefault(later, LoopStashes()).reads.append(stash)
-                    break
+                else:
+                    assert row is not None
+                    stash = Stash(value, f"scratch{later}_{j}", row, scratch=True)
+                result.setdefault(earlier, LoopStashes()).writes.append(stash)
+                result.setdefault(later, LoopStashes()).reads.append(stash)
+                break
     return result
 
 
@@ -70,14 +96,33 @@ def _can_hold_stash(k: Kernel, kn: KernelNode, read: set[str]) -> bool:
     return fresh and buffer not in read and stores == 1 and covers_r
 
 
-def _candidates(k: Kernel, kn: KernelNode, written: set[str]) -> list[Value]:
-    """The costly parts of ``kn``'s body that could be stashed in its output, largest first."""
+def _candidates(k: Kernel, kn: KernelNode, written: set[str], in_output: bool,
+                in_scratch: bool) -> list[Value]:
+    """The costly parts of ``kn``'s body that could be stashed in its output (those of its
+    dtype) or in a scratch row (floating-point ones), largest first."""
     found = []
     for v in unmasked(kn.body):
         reads_written = {ld.buffer for ld in loads(v) if ld.buffer not in k.internal} & written
-        if v.dtype == kn.node.layout.dtype and _costly(v) and not reads_written:
+        fits = ((in_output and v.dtype == kn.node.layout.dtype)
+                or (in_scratch and v.dtype.is_floating_point))
+        if fits and _costly(v) and not reads_written:
             found.append(v)
     return sorted(found, key=_size, reverse=True)
+
+
+def _scratch_index(k: Kernel) -> sympy.Expr | None:
+    """The flat index over the reduced dims, where a scratch row of them fits the limit."""
+    n = sympy.Mul(*k.r_ranges)
+    if not n.is_number or int(n) > SCRATCH_LIMIT:
+        return None
+    flat: sympy.Expr = sympy.Integer(0)
+    for v, size in zip(k.r_vars, k.r_ranges):
+        flat = flat * size + v
+    return flat
+
+
+def _row_size(k: Kernel) -> int:
+    return int(sympy.Mul(*k.r_ranges))
 
 
 def _earlier_loop_computing(k: Kernel, later: int, value: Value) -> int | None:

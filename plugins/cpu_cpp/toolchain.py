@@ -171,7 +171,7 @@ def library_key(source: str, extra_flags: Sequence[str] = (), key_extra: str = "
 
 
 def library_cache() -> DiskCache:
-    return DiskCache.in_namespace("cpu_cpp", fanout=True)
+    return DiskCache.in_namespace("cpu_cpp", fanout=True, layer="kernel")
 
 
 def library_for(source: str, extra_flags: Sequence[str] = (), key_extra: str = "") -> Path:

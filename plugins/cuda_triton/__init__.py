@@ -13,7 +13,9 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.10.0"  # uses export_module/import_module, template_dialects, Check.skip, DiskCache, coil.sdk.canonical, gemm_alignment_bytes, coil.sdk.progress,
+    return "0.13.0"  # uses capture(static_inputs=, measure=), coil.sdk.cachestats, DiskCache(layer=...),
+    #               export_module/import_module, template_dialects, Check.skip,
+    #               coil.sdk.canonical, gemm_alignment_bytes, coil.sdk.progress,
     #               Capabilities.random, Capabilities.inplace_reductions, Kernel.inplace, warm_up
 
 

@@ -36,11 +36,16 @@ class TuneCache:
     tuned again), and evicted with the rest of the cache."""
 
     def __init__(self, folder: str | None = None) -> None:
-        self.store = DiskCache(folder) if folder else DiskCache.in_namespace("triton-autotune")
+        self.store = DiskCache(folder, layer="autotune") if folder else \
+            DiskCache.in_namespace("triton-autotune", layer="autotune")
         self.folder = str(self.store.folder)
+        #: Keys looked up before (a launcher asks before its first build and again at its
+        #: first launch): each counts once as a hit or a miss.
+        self._asked: set[str] = set()
 
     def get(self, key: str) -> Config | None:
-        data = self.store.read(key, ".json")
+        data = self.store.read(key, ".json", count=key not in self._asked)
+        self._asked.add(key)
         if data is None:
             return None
         try:
@@ -83,9 +88,10 @@ def select_interleaved(configs: Sequence[Config], run: Callable[[Config], Callab
     """The configuration with the lowest median of ``rounds`` samples, the candidates taking
     turns (A, B, C, A, B, C...) so that a device's clocks changing during the measurement
     weigh on all of them alike. Before the first sample the first candidate keeps the device
-    busy for ``warm_ms`` (by ``bench``'s own account): a GPU idle at the start of a process
+    busy for ``warm_ms`` of the host's clock: a GPU idle at the start of a process
     runs at low clocks for milliseconds, which on the H200 made every candidate of a
-    template kernel measure 3-5x its steady-state time. ``bench`` times a call in ms. A
+    template kernel measure 3-5x its steady-state time. ``bench`` times a call in ms and
+    waits for the device. A
     candidate that fails is skipped (and reported)."""
     calls: dict[Config, Callable[[], None]] = {}
     failures: list[str] = []
@@ -99,9 +105,10 @@ def select_interleaved(configs: Sequence[Config], run: Callable[[Config], Callab
             failures.append(f"{cfg}: {type(exc).__name__}: {exc}")
     if not calls:
         raise sdk.KernelCompileError("<autotune>", "every candidate configuration failed:\n" + "\n".join(failures))
-    first, spent, tries = next(iter(calls.values())), 0.0, 0
-    while spent < warm_ms and tries < 1000:
-        spent, tries = spent + bench(first), tries + 1
+    first, tries, t0 = next(iter(calls.values())), 0, time.perf_counter()
+    while (time.perf_counter() - t0) * 1000 < warm_ms and tries < 1000:
+        bench(first)  # synchronises: the host's clock is the device's here
+        tries += 1
     samples: dict[Config, list[float]] = {cfg: [] for cfg in calls}
     for _ in range(rounds):
         for cfg, call in calls.items():
@@ -110,10 +117,21 @@ def select_interleaved(configs: Sequence[Config], run: Callable[[Config], Callab
     return min(medians, key=medians.__getitem__), {str(cfg): ms for cfg, ms in medians.items()}
 
 
+#: GPU cycles (about 1 ms on an H200) a timing holds the stream with ``torch.cuda._sleep``
+#: before its first sample, so every sample is queued before the device reaches it: the
+#: samples then time the device alone. Without it, a call whose host work outlasts its
+#: kernels (ATen's GEMM and an epilogue launch, from Python) charged the GPU's idle time
+#: between its launches to that candidate, and a template won measurements it lost in the
+#: model (ViT-tiny's fc1 + GELU: 37 us against 28 us for cuBLAS and a GELU kernel).
+HOLD_CYCLES = 2_000_000
+
+
 def cuda_bench(fn: Callable[[], None], reps: int = 5) -> float:
-    """Median milliseconds of ``fn`` on the current CUDA stream, after one warm-up launch."""
+    """Median milliseconds of ``fn`` on the current CUDA stream (device time: the samples are
+    queued behind a short spin, :data:`HOLD_CYCLES`), after one warm-up launch."""
     import torch
     fn()
+    torch.cuda._sleep(HOLD_CYCLES)
     start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(start, end):

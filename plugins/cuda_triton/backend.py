@@ -15,7 +15,7 @@ import torch
 
 import coil.sdk as sdk
 
-from . import autotune, compile_pool, dedup, loader
+from . import artifacts, autotune, compile_pool, dedup, launch, loader
 from .artifacts import EXPORT_FORMAT, KernelPlan, TemplateSpec
 from .codegen import KernelSource, KernelWriter
 from .launch import Launcher
@@ -150,16 +150,34 @@ class TritonBackend(sdk.DeviceBackend):
         return compiled
 
     def export_module(self, compiled: CompiledModule) -> bytes | None:
-        """The kernels' canonical sources and launch plans (no binaries: an import builds
-        from source, which Triton's disk cache and Coil's autotune cache then hit)."""
+        """The kernels' canonical sources and launch plans, and the binaries their launchers
+        hold (:class:`~.artifacts.Binary`): an import installs those into Triton's cache and
+        builds the rest from source, which Triton's disk cache and Coil's autotune cache
+        then hit."""
         return pickle.dumps({"format": EXPORT_FORMAT, "plans": compiled.plans, "sources": compiled.sources,
-                             "interpret": self.interpret, "bounds_check": self.bounds_check})
+                             "interpret": self.interpret, "bounds_check": self.bounds_check,
+                             "binaries": self.binaries(compiled.plans)})
+
+    def binaries(self, plans: Sequence[KernelPlan]) -> list[artifacts.Binary]:
+        """Every build the launchers of ``plans`` hold, as bytes."""
+        out: dict[str, artifacts.Binary] = {}
+        for plan in plans:
+            for src in plan.sources:
+                launcher = self._shared.get((src.name, plan.mutated))
+                for built in (launcher.built() if launcher is not None else []):
+                    binary = artifacts.Binary.of(built)
+                    if binary is not None:
+                        out.setdefault(binary.hash, binary)
+        return list(out.values())
 
     def import_module(self, data: bytes, graph_name: str) -> CompiledModule | None:
         entry = pickle.loads(data)
         if entry.get("format") != EXPORT_FORMAT or (entry["interpret"], entry["bounds_check"]) != \
                 (self.interpret, self.bounds_check):
             return None
+        if entry["binaries"]:
+            artifacts.install_all(entry["binaries"], graph_name, artifacts.current_target(),
+                                  artifacts.triton_version())
         return self._assemble(entry["plans"], entry["sources"], graph_name)
 
     def target_key(self) -> str:
@@ -239,10 +257,11 @@ class TritonBackend(sdk.DeviceBackend):
         builds = {id(la): la.to_build() for la in launchers}
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
-        # never wait for starting workers: on the H200 a 10 s wait for them made ResNet-18's
-        # first call 21 s instead of 8 (they were not ready in time); build in-process instead
-        if compile_pool.ready() and sum(len(b) for b in builds.values()) > 1:
-            jobs, owners = [], []
+        # never wait for starting workers (on the H200 a 10 s wait for them made ResNet-18's
+        # first call 21 s instead of 8): this thread builds from the same queue, and workers
+        # join as they come up
+        if compile_pool.started() and sum(len(b) for b in builds.values()) > 1:
+            jobs, owners, built = [], [], []
             for la in launchers:
                 if la.src.name not in in_file:
                     continue
@@ -251,9 +270,15 @@ class TritonBackend(sdk.DeviceBackend):
                 for cfg in builds[id(la)]:
                     jobs.append([path, fields, cfg.__dict__, True, la.debug, major * 10 + minor])
                     owners.append(la)
+                    built.append(cfg)
                     count.add_job(la)
             if jobs:
-                compile_pool.build(jobs, on_done=lambda i: count.job_done(owners[i]))
+                answers = compile_pool.build(jobs, on_done=lambda i: count.job_done(owners[i]),
+                                             local=lambda i: owners[i].binary(built[i]))
+                for la, cfg, answer in zip(owners, built, answers):
+                    if answer.get("ok") and not answer.get("local"):  # the build below hits the cache
+                        launch.count_build(bool(answer.get("hit")))
+                        la.counted.add((cfg, True))
         for la in launchers:
             la.precompile()
             count.built(la)
@@ -296,11 +321,12 @@ class TritonBackend(sdk.DeviceBackend):
         if not self.interpret and torch.cuda.is_available():
             torch.cuda.synchronize()
 
-    def capture(self, fn: Any, example_inputs: Sequence[Any]) -> Any:
+    def capture(self, fn: Any, example_inputs: Sequence[Any], *,
+                static_inputs: frozenset[int] = frozenset(), measure: bool = False) -> Any:
         if self.interpret:
             return None
         from .graphs import GraphReplay
-        return GraphReplay(fn)
+        return GraphReplay(fn, static_inputs, measure)
 
     def doctor(self) -> list[sdk.Check]:
         checks = []

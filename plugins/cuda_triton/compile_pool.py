@@ -55,16 +55,17 @@ class _Worker:
         else:
             self.dead = True
 
-    def run(self, job: list[Any]) -> bool:
+    def run(self, job: list[Any]) -> dict[str, Any]:
+        """The worker's answer: ``{"ok": True, "hit": bool}`` or ``{"ok": False, ...}``."""
         try:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
-            return bool(json.loads(self.proc.stdout.readline()).get("ok"))
+            return dict(json.loads(self.proc.stdout.readline()))
         except Exception as exc:  # the worker died: stop using it
             self.dead = True
             log.debug("coil: compile worker failed: %s", exc)
-            return False
+            return {"ok": False}
 
 
 def start(arch: int) -> None:
@@ -88,32 +89,67 @@ def ready() -> bool:
     return len(_serving()) >= 2
 
 
-def build(jobs: list[list[Any]], on_done: Callable[[int], None] | None = None) -> None:
+def _live() -> list[_Worker]:
+    return [w for w in _workers or [] if not w.dead]
+
+
+def started() -> bool:
+    """Whether there are workers, up or still starting."""
+    return bool(_live())
+
+
+def build(jobs: list[list[Any]], on_done: Callable[[int], None] | None = None,
+          local: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Build ``[source_path, kernel fields, config fields, aligned, debug, arch]`` jobs into
-    Triton's cache in the workers; returns when all are done (failures are left for the
-    in-process build, which reports them). ``on_done(i)`` is called, from a pool thread, as
-    job ``i`` ends, built or not."""
-    if not ready() or not jobs:
-        return
+    Triton's cache in the workers; returns each job's answer when all are done (failures are
+    left for the in-process build, which reports them). ``on_done(i)`` is called, from a
+    pool thread, as job ``i`` ends, built or not.
+
+    With ``local`` (``local(i)`` builds job ``i`` in this process), the calling thread builds
+    too, from the same queue, and workers still starting join as they come up: nothing waits
+    for a worker. (A first graph used to build everything in-process because its workers
+    were not up yet, and waiting for them lost more than it gained.) Jobs built locally
+    answer ``{"ok": True, "local": True}``."""
+    answers: list[dict[str, Any]] = [{"ok": False} for _ in jobs]
+    if not jobs or (local is None and not ready()):
+        return answers
     todo: "queue.Queue[tuple[int, list[Any]]]" = queue.Queue()
     for i, job in enumerate(jobs):
         todo.put((i, job))
 
     def drain(worker: _Worker) -> None:
+        while not worker.ready.is_set():  # still importing Triton: join once up, if work is left
+            if worker.dead or todo.empty():
+                return
+            worker.ready.wait(0.05)
         while not worker.dead:
             try:
                 i, job = todo.get_nowait()
             except queue.Empty:
                 return
-            worker.run(job)
+            answers[i] = worker.run(job)
             if on_done is not None:
                 on_done(i)
 
-    threads = [threading.Thread(target=drain, args=(w,)) for w in _serving()]
+    helpers = _serving() if local is None else _live()
+    threads = [threading.Thread(target=drain, args=(w,), daemon=True) for w in helpers]
     for t in threads:
         t.start()
+    while local is not None:
+        try:
+            i, _ = todo.get_nowait()
+        except queue.Empty:
+            break
+        try:
+            local(i)
+            answers[i] = {"ok": True, "local": True}
+        except Exception as exc:  # noqa: BLE001 - reported by the in-process build after
+            log.debug("coil: in-process build failed: %s", exc)
+        if on_done is not None:
+            on_done(i)
     for t in threads:
         t.join()
+    return answers
 
 
 class BuildCount:

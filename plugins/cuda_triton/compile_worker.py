@@ -10,7 +10,8 @@ from types import SimpleNamespace
 from typing import Any
 
 
-def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool, debug: bool, arch: int) -> None:
+def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool, debug: bool, arch: int) -> bool:
+    """Build one kernel; whether Triton's cache held it already."""
     from triton.backends.compiler import GPUTarget
 
     from . import launch, loader
@@ -18,9 +19,11 @@ def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool,
     with open(path) as f:
         module = loader.load(f.read(), interpret=False)
     src = SimpleNamespace(**fields)
+    hits: list[bool] = []
     # the parent's GPU, named: a worker never creates a CUDA context
     launch.compile_for(getattr(module, src.name), src, Config(**cfg), target=GPUTarget("cuda", arch, 32),
-                       aligned=aligned, debug=debug)
+                       aligned=aligned, debug=debug, on_cache=hits.append)
+    return bool(hits and hits[0])
 
 
 def _warm_up(arch: int) -> None:
@@ -58,8 +61,7 @@ def main() -> None:
     replies.flush()
     for line in sys.stdin:
         try:
-            build(*json.loads(line))
-            answer = {"ok": True}
+            answer = {"ok": True, "hit": build(*json.loads(line))}
         except Exception as exc:
             answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         replies.write(json.dumps(answer) + "\n")

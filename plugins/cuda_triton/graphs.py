@@ -1,55 +1,141 @@
-"""Replaying a compiled graph as one CUDA graph (``mode="reduce-overhead"``).
+"""Replaying a compiled graph as one CUDA graph (``coil.capture`` decides when).
 
 The first call runs the graph once normally (kernels tune and load there: nothing may
-synchronise during capture), then captures it on static copies of the inputs. Later calls
-copy the inputs into those static buffers (skipped when the caller passes the very same
-tensor) and replay. Outputs are cloned out of the graph's memory, so a result the caller
-keeps is never overwritten by the next replay; saved activations of a training step stay
-valid the same way."""
+synchronise during capture), then records it. Inputs the core marks static (parameters,
+buffers) are recorded at their own address; every other tensor input gets a buffer of the
+recording's own, which later calls copy into (skipped when the caller passes that very
+buffer). Outputs are cloned out of the recording's memory, so a result the caller keeps is
+never overwritten by the next replay.
+
+A call whose static input moved (a parameter replaced) records again, up to
+:data:`MAX_RECORDINGS` times, then runs the graph normally for good; a call whose non-tensor
+input differs from the recorded one runs the graph normally. With ``measure``, the first call
+also times the replay against the graph's own launches and keeps the recording only when
+its replay is faster by :data:`KEEP_RATIO` (host-bound graphs of many small kernels gain; a
+graph of large kernels gains nothing and pays the output copies)."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 log = logging.getLogger(__name__)
 
+#: Most recordings of one graph (the first, and one per moved static input) before it runs
+#: without one.
+MAX_RECORDINGS = 3
+#: With ``measure``, the replay is kept when it takes at most this fraction of the launches'
+#: time per call.
+KEEP_RATIO = 0.9
+#: Calls per timing round of the measurement; the best of :data:`ROUNDS` rounds counts, the
+#: two sides taking turns (each first in every other round) after one untimed call each, so
+#: neither pays alone for a GPU whose clocks are still rising.
+CALLS = 3
+ROUNDS = 3
+
 
 class GraphReplay:
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Callable[[list[Any]], Any], static: frozenset[int] = frozenset(),
+                 measure: bool = False) -> None:
         self.fn = fn
+        self.static = static
+        self.measure = measure
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.static_inputs: list[Any] = []
-        self.static_outputs: Any = None
+        self.inputs: list[Any] = []  # what the recording reads: static inputs themselves, else its own copies
+        self.outputs: Any = None
+        self.recordings = 0
+        self.disabled = ""  # why the graph now runs without a recording
+        self.timings: tuple[float, float] | None = None  # (replay ms, launches ms)
 
     def __call__(self, args: list[Any]) -> Any:
+        if self.disabled:
+            return self.fn(args)
         if self.graph is None:
-            return self._capture(args)
-        for static, a in zip(self.static_inputs, args):
-            if isinstance(a, torch.Tensor):
-                if a.data_ptr() != static.data_ptr():
-                    static.copy_(a)
-            elif a != static:
-                raise RuntimeError("coil: a non-tensor input of a CUDA-graph replay changed "
-                                   f"({static!r} -> {a!r}); recompile without reduce-overhead")
+            return self._record(args)
+        moved = False
+        for i, (mine, a) in enumerate(zip(self.inputs, args)):
+            if not isinstance(a, torch.Tensor):
+                if a != mine:  # a scalar the recording baked in: this call runs as compiled
+                    return self.fn(args)
+            elif i in self.static:
+                moved = moved or a.data_ptr() != mine.data_ptr()
+        if moved:
+            return self._record(args)
+        for i, (mine, a) in enumerate(zip(self.inputs, args)):
+            if isinstance(a, torch.Tensor) and i not in self.static and a.data_ptr() != mine.data_ptr():
+                mine.copy_(a)
         args.clear()
-        self.graph.replay()
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.static_outputs)
+        return self._replay()
 
-    def _capture(self, args: list[Any]) -> Any:
+    def describe(self) -> str:
+        times = (f" (replay {self.timings[0]:.3f} ms against launches {self.timings[1]:.3f} ms per call)"
+                 if self.timings else "")
+        if self.disabled:
+            return f"CUDA graph not used: {self.disabled}{times}"
+        if self.graph is None:
+            return "CUDA graph: recorded on the first call"
+        return f"CUDA graph replayed{times}"
+
+    def _replay(self) -> Any:
+        self.graph.replay()
+        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+
+    def _disable(self, why: str) -> None:
+        self.disabled = why
+        self.graph, self.inputs, self.outputs = None, [], None
+        log.debug("coil: %s", why)
+
+    def _record(self, args: list[Any]) -> Any:
         first = self.fn(list(args))  # tunes and loads every kernel
-        self.static_inputs = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        if self.recordings >= MAX_RECORDINGS:
+            self._disable(f"static inputs moved {self.recordings} times")
+            args.clear()
+            return first
+        self.recordings += 1
+        self.graph = None
+        self.inputs = [a.clone() if isinstance(a, torch.Tensor) and i not in self.static else a
+                       for i, a in enumerate(args)]
         args.clear()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.fn(list(self.static_inputs))  # warm-up on the capture stream, as CUDA asks
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.static_outputs = self.fn(list(self.static_inputs))
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.fn(list(self.inputs))  # warm-up on the capture stream, as CUDA asks
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.outputs = self.fn(list(self.inputs))
+        except Exception as exc:  # noqa: BLE001 - an op that cannot be recorded: run as compiled
+            self._disable(f"recording failed ({type(exc).__name__}: {exc})")
+            log.warning("coil: a CUDA graph could not be recorded; the graph runs without one: %s", exc)
+            return first
         self.graph = graph
-        log.debug("coil: captured a CUDA graph")
+        if self.measure and self.timings is None:
+            self._choose()
         return first
+
+    def _choose(self) -> None:
+        """Time the replay against the graph's own launches; keep the faster."""
+        def timed(run: Callable[[], Any]) -> float:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(CALLS):
+                run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / CALLS
+
+        sides = [self._replay, lambda: self.fn(list(self.inputs))]
+        for run in sides:
+            run()
+        best = [float("inf"), float("inf")]
+        for r in range(ROUNDS):
+            for i in ((0, 1) if r % 2 else (1, 0)):
+                best[i] = min(best[i], timed(sides[i]))
+        replay_ms, launches_ms = best
+        self.timings = (replay_ms, launches_ms)
+        if replay_ms > KEEP_RATIO * launches_ms:
+            self._disable("its replay was not faster than the launches")

@@ -13,10 +13,13 @@ winner goes to the disk cache, and the launcher rebinds itself to the winner so 
 launches skip the bookkeeping. With symbolic sizes the winner is kept per size bucket."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import operator
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+from coil.sdk import cachestats
 
 from . import autotune, configs
 from .codegen import KernelSource
@@ -44,8 +47,9 @@ def signature(src: KernelSource, reduction: bool) -> dict[str, str]:
 
 
 def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, aligned: bool = True,
-                debug: bool = False) -> Any:
-    """``triton.compile`` of one configuration (``target``: None for the current GPU)."""
+                debug: bool = False, on_cache: Callable[[bool], None] | None = None) -> Any:
+    """``triton.compile`` of one configuration (``target``: None for the current GPU);
+    ``on_cache(hit)`` learns whether Triton's disk cache held the binary."""
     import triton
     from triton.compiler import ASTSource
     reduction = has_rblock(src)
@@ -54,7 +58,36 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
     ast = ASTSource(fn=fn, signature=signature(src, reduction), constexprs=cfg.constexprs(reduction),
                     attrs=attrs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "debug": debug}
-    return triton.compile(ast, target=target, options=options)
+    with _listening(on_cache):
+        return triton.compile(ast, target=target, options=options)
+
+
+@contextlib.contextmanager
+def _listening(on_cache: Callable[[bool], None] | None) -> Iterator[None]:
+    """Triton's compilation listener (its only report of a cache hit) set to tell
+    ``on_cache``, and whoever listened before, for the duration of one compile."""
+    from triton import knobs
+    compilation = getattr(knobs, "compilation", None)
+    if on_cache is None or not hasattr(compilation, "listener"):
+        yield
+        return
+    before = compilation.listener
+
+    def listener(**kwargs: Any) -> None:
+        on_cache(bool(kwargs.get("cache_hit")))
+        if before is not None:
+            before(**kwargs)
+
+    compilation.listener = listener
+    try:
+        yield
+    finally:
+        compilation.listener = before
+
+
+def count_build(hit: bool) -> None:
+    """One build of a Triton binary, counted in the kernel layer (``coil.explain``)."""
+    cachestats.count("kernel", "triton", "hit" if hit else "miss")
 
 
 class Launcher:
@@ -73,6 +106,8 @@ class Launcher:
         self._tune_key = tune_key
         self._xnumel = _size_fn(src, "xnumel")
         self._binaries: dict[tuple[Config, bool], Any] = {}
+        #: Builds already counted (a compile worker made them; the build here hits its cache)
+        self.counted: set[tuple[Config, bool]] = set()
         self._raw: dict[tuple[Config, bool], Any] = {}
         self._grids: dict[Config, int] = {}
         self._winners: dict[Any, Config] = {}
@@ -87,9 +122,15 @@ class Launcher:
     def binary(self, cfg: Config, aligned: bool = True) -> Any:
         got = self._binaries.get((cfg, aligned))
         if got is None:
-            got = compile_for(self.fn, self.src, cfg, aligned=aligned, debug=self.debug)
+            counted = (cfg, aligned) in self.counted
+            got = compile_for(self.fn, self.src, cfg, aligned=aligned, debug=self.debug,
+                              on_cache=None if counted else count_build)
             self._binaries[(cfg, aligned)] = got
         return got
+
+    def built(self) -> list[Any]:
+        """The binaries built so far (``triton.compile`` results)."""
+        return list(self._binaries.values())
 
     def candidates(self, sizes: tuple[int, ...]) -> list[Config]:
         if self.static:

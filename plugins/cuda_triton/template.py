@@ -204,9 +204,10 @@ class TemplateLauncher:
             candidates = list(self.fused.candidates(()))
             if self.unfused is not None or self._call.unfused is None:  # the library side is whole
                 candidates.append(LIBRARY)
-            # each sample: calls queued back to back (cuda_bench), so the host's launch work
-            # overlaps the device's (ATen's GEMM has more of it than a raw launch: timing
-            # single synchronised calls charged it up to 0.7 ms of idle GPU on the H200)
+            # each sample: calls queued behind a spin (cuda_bench), so they time the device
+            # alone: the library side's host work (ATen's GEMM and the epilogue launch, from
+            # Python) is longer than a raw launch, and charging its idle GPU time to it made
+            # small templates win measurements they lose in a model
             bench = autotune.wall_bench if self.interpret else (lambda call: autotune.cuda_bench(call, reps=3))
 
             def run(cfg: Config) -> Any:

@@ -1,0 +1,103 @@
+"""Graph capture's decisions (coil.capture), on the CPU: which graphs a backend is asked to
+record, with which static inputs and in which mode. The recording itself needs CUDA
+(tests/test_triton_gpu.py)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+
+import coil
+from coil import capture
+
+
+@dataclass
+class _Caps:
+    graph_capture: bool = True
+
+
+@dataclass
+class _Backend:
+    name: str = "fake"
+    capabilities: _Caps = field(default_factory=_Caps)
+    calls: list = field(default_factory=list)
+
+    def capture(self, fn, example_inputs, **kwargs):
+        self.calls.append(kwargs)
+        return lambda args: fn(args)
+
+
+def _decide(mode, kind="inference", mutates=False, api="0.13.0", inputs=None, backend=None):
+    backend = backend or _Backend()
+    inputs = inputs if inputs is not None else [torch.zeros(2)]
+    fn, note = capture.captured(lambda args: args, mode, kind, mutates, {"cpu": (backend, None)},
+                                inputs, frozenset({0}), lambda b: api)
+    return backend, note
+
+
+def test_auto_asks_for_a_measured_recording_of_inference_graphs_with_static_inputs():
+    backend, note = _decide("auto")
+    assert backend.calls == [{"static_inputs": frozenset({0}), "measure": True}]
+    assert note.replay is not None
+
+
+@pytest.mark.parametrize("mode,kind,mutates,why", [
+    ("off", "inference", False, "knob is off"),
+    ("auto", "forward", False, "inference graphs only"),
+    ("auto", "backward", False, "inference graphs only"),
+    ("auto", "inference", True, "mutates an input"),
+    ("on", "inference", True, "mutates an input"),
+])
+def test_graphs_not_recorded_say_why(mode, kind, mutates, why):
+    backend, note = _decide(mode, kind, mutates)
+    assert backend.calls == [] and note.replay is None and why in str(note)
+
+
+def test_on_records_training_graphs_too_without_measuring():
+    backend, note = _decide("on", kind="forward")
+    assert backend.calls == [{"static_inputs": frozenset({0}), "measure": False}]
+
+
+def test_plugins_declaring_an_older_sdk_keep_the_old_call_and_no_auto():
+    backend, note = _decide("auto", api="0.12.0")
+    assert backend.calls == [] and "older than 0.13.0" in str(note)
+    backend, note = _decide("on", api="0.12.0")
+    assert backend.calls == [{}]  # the two-argument call
+
+
+def test_inputs_elsewhere_symbolic_sizes_and_incapable_backends_are_not_recorded():
+    _, note = _decide("on", inputs=[torch.zeros(2, device="meta")])
+    assert "inputs on ['meta']" in str(note)
+    shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv()
+    sym = shape_env.create_unbacked_symint()
+    _, note = _decide("on", inputs=[torch.zeros(2), sym])
+    assert "symbolic sizes" in str(note)
+    _, note = _decide("on", backend=_Backend(capabilities=_Caps(False)))
+    assert "cannot record" in str(note)
+
+
+def test_mutating_graphs_are_detected():
+    traced = torch.fx.experimental.proxy_tensor.make_fx(lambda x: x.add_(1))(torch.zeros(2))
+    assert capture.mutates_inputs(traced)
+    assert not capture.mutates_inputs(torch.fx.experimental.proxy_tensor.make_fx(lambda x: x + 1)(torch.zeros(2)))
+
+
+def test_parameters_reach_the_capture_decision_as_static_inputs(monkeypatch):
+    seen = []
+    real = capture.captured
+
+    def spy(fn, mode, kind, mutates, modules, example_inputs, static, api_of):
+        seen.append((kind, static, len(example_inputs)))
+        return real(fn, mode, kind, mutates, modules, example_inputs, static, api_of)
+
+    monkeypatch.setattr(capture, "captured", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        got = torch.compile(model, backend="coil")(x)
+        torch.testing.assert_close(got, model(x))
+    (kind, static, n), = seen
+    assert kind == "inference" and len(static) == 4 and n == 5  # 2 weights, 2 biases; x is not static
+    assert coil.config.get().graph_capture == "auto"
