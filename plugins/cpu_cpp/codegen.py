@@ -15,6 +15,7 @@ from . import reduction_loops, special, template
 from .accumulators import accumulator
 from .cpp import Scope, for_header, idx, parallel_if
 from .divmod_split import innermost_split
+from .hoist import reciprocal
 from .tiling import TILE, transpose_tiles
 from .optable import CTYPES, INTEGER_IDENTITY, OPS, literal
 
@@ -203,6 +204,10 @@ class KernelWriter:
             operand_t = t if v.name == "where" or not v.args else CTYPES[v.args[0].dtype]
             if v.name in INTEGER_IDENTITY and not v.dtype.is_floating_point:
                 return args[0]
+            if v.name == "truediv":
+                inverse = scope.get(reciprocal(v))  # hoisted out of the loop (see .hoist)
+                if inverse is not None:
+                    return f"static_cast<float>(static_cast<double>({args[0]}) * {inverse})"
             return OPS[v.name](args, operand_t)
         raise NotImplementedError(type(v).__name__)
 

@@ -1,0 +1,105 @@
+"""The C++ plugin's loop schedules against eager: tiled transposes (plugins/cpu_cpp/tiling.py)
+and stashes in a float scratch row (plugins/cpu_cpp/stash.py), in every dtype they touch,
+at sizes that do and do not divide the tile."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import TEST_BACKEND
+from helpers import check
+
+pytestmark = pytest.mark.skipif(TEST_BACKEND != "cpu_cpp", reason="C++ plugin schedules")
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32]
+
+
+def _tol(dtype: torch.dtype) -> float:
+    return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-5
+
+
+def _rand(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return torch.randn(*shape).to(dtype)
+    return torch.randint(-100, 100, shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(64, 96), (70, 45), (33, 200)])
+def test_transpose_add_is_tiled(dtype, shape):
+    m, n = shape
+    x, y = _rand(m, n, dtype=dtype), _rand(n, m, dtype=dtype)
+    r = check(lambda x, y: x + y.t() * 2, x, y, atol=_tol(dtype), rtol=_tol(dtype))
+    assert len(r.kernels) == 1 and "_tile" in r.kernels[0].source
+
+
+def test_transpose_in_3d_and_transposed_store():
+    x = torch.randn(3, 40, 50)
+    r = check(lambda x: (x.transpose(1, 2) + 1).contiguous(), x)
+    assert "_tile" in r.kernels[0].source
+    y = torch.randn(2, 37, 64)
+    check(lambda x, y: x.permute(0, 2, 1) * y[:, :1, :].permute(0, 2, 1).exp(), torch.randn(2, 37, 64), y)
+
+
+def test_bias_per_row_is_not_tiled():
+    # a per-row bias is unit-stride along the outer dim but broadcast along the inner one
+    x, b = torch.randn(64, 128), torch.randn(64, 1)
+    r = check(lambda x, b: x + b, x, b)
+    assert "_tile" not in r.kernels[0].source
+
+
+def test_short_dims_are_not_tiled():
+    x, y = torch.randn(8, 300), torch.randn(300, 8)
+    r = check(lambda x, y: x + y.t(), x, y)
+    assert "_tile" not in r.kernels[0].source
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize("cols", [7, 64, 1000])
+def test_half_softmax_stashes_exp_in_a_float_row(dtype, cols):
+    x = (torch.randn(37, cols) * 4).to(dtype)
+    x[3, :3] = float("-inf")
+    r = check(lambda x: torch.softmax(x, dim=-1), x, atol=_tol(dtype), rtol=_tol(dtype))
+    assert len(r.kernels) == 1
+    source = r.kernels[0].source
+    last_pass = source[source.rindex("_combine<"):]  # after the sum's lanes are combined
+    assert "std::exp" in source and "std::exp" not in last_pass
+    assert ("scratch" in source) == (dtype in (torch.bfloat16, torch.float16))
+
+
+def test_half_log_softmax_and_softmax_over_two_dims():
+    x = torch.randn(6, 20, 30).to(torch.bfloat16)
+    check(lambda x: F.log_softmax(x, dim=-1), x, atol=1e-2, rtol=1e-2)
+    check(lambda x: torch.softmax(x.float(), dim=-1).to(torch.bfloat16) * x, x, atol=1e-2, rtol=1e-2)
+    y = torch.randn(4, 8, 16).to(torch.float16)
+    check(lambda y: torch.exp(y - y.amax(dim=(1, 2), keepdim=True)) /
+          torch.exp(y - y.amax(dim=(1, 2), keepdim=True)).sum(dim=(1, 2), keepdim=True), y, atol=1e-2, rtol=1e-2)
+
+
+def test_row_too_long_for_scratch_keeps_recomputing():
+    x = torch.randn(2, 20000).to(torch.bfloat16)
+    r = check(lambda x: torch.softmax(x, dim=-1), x, atol=1e-2, rtol=1e-2)
+    assert "scratch" not in r.kernels[0].source
+
+
+def test_few_rows_split_schedule_half_softmax():
+    x = torch.randn(4, 50000).to(torch.bfloat16)
+    check(lambda x: torch.softmax(x, dim=-1), x, atol=1e-2, rtol=1e-2)
+
+
+def test_division_by_a_row_invariant_matches_eager_at_the_edges():
+    # the divisor is hoisted and its reciprocal taken in double (plugins/cpu_cpp/hoist.py):
+    # denormal, huge, zero, inf and NaN divisors must give eager's quotients (the sums differ
+    # from eager's in the last places: they add in another order)
+    x = torch.randn(8, 100)
+    x[0] = x[0].abs() * 1e-41  # denormal row sum
+    x[1] *= 1e37  # sums near the top of the float range
+    x[2] = 0.0  # 0 / 0
+    x[3, 5] = float("inf")
+    x[4, 7] = float("nan")
+    x[5] = torch.finfo(torch.float32).tiny / 4  # denormal elements and sum
+    r = check(lambda x: x / x.sum(-1, keepdim=True), x, atol=0, rtol=1e-5)
+    assert "static_cast<double>" in r.kernels[0].source
+    y = torch.rand(16, 300) + 0.5
+    check(lambda y: y / y.amax(-1, keepdim=True) + y / 3.0, y, atol=0, rtol=1e-5)
