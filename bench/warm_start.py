@@ -8,6 +8,7 @@ Usage::
                                [--model-mode infer|train] [--modes cold,warm,remote]
                                [--repeat 3] [--device cpu|cuda] [--redis auto|URL]
                                [--json-out FILE]
+    python bench/warm_start.py --merge FILE [FILE ...]   # one table from several --json-out runs
 
 Every measurement is one process that runs ``torch.compile`` and the first call (+ a device
 synchronize) of one target and reports their wall seconds; for Coil also the seconds spent
@@ -29,7 +30,9 @@ the machine weighs on both alike; each figure is the median of ``--repeat``. Wor
 are ``tests/models`` zoo entries (``--size small`` on the CPU, ``real`` for the GPU), in
 inference (``--model-mode infer``, no_grad) or as one training step. Prints a markdown table:
 per target, Inductor cold / warm, Coil cold / warm / remote (and Coil's own share of warm and
-remote), warm Coil / warm Inductor, remote / warm."""
+remote), warm Coil / warm Inductor, remote / warm. ``--merge`` pools the warm and remote
+runs of several passes (each figure: the median of them all; cold: the first pass's), for a
+machine whose load from other work varies over a run."""
 from __future__ import annotations
 
 import argparse
@@ -273,6 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis", default="auto", help="'auto' (start redis-server) or redis://host:port/db")
     p.add_argument("--timeout", type=int, default=1800, help="seconds per process")
     p.add_argument("--json-out", default="")
+    p.add_argument("--merge", nargs="+", metavar="FILE", help="print one table from --json-out files")
     p.add_argument("--child", nargs=2, metavar=("KIND", "NAME"), help=argparse.SUPPRESS)
     p.add_argument("--backend", default="coil", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -280,10 +284,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def merge(files: list[str]) -> None:
+    """One table from several ``--json-out`` files: warm and remote runs pooled."""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    backends: list[str] = []
+    for name in files:
+        with open(name) as f:
+            data = json.load(f)
+        for b in data["args"]["backends"].split(","):
+            if b not in backends:
+                backends.append(b)
+        for target, result in data["rows"]:
+            into = rows.setdefault(target, {})
+            for b, r in result.items():
+                pooled = into.setdefault(b, {"warm": [], "remote": []})
+                pooled.setdefault("cold", r.get("cold", {}))
+                pooled["warm"] += r.get("warm", [])
+                pooled["remote"] += r.get("remote", [])
+    print("\n".join(table(list(rows.items()), backends)))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.child:
         child(args)
+        return
+    if args.merge:
+        merge(args.merge)
         return
     backends = args.backends.split(",")
     targets = [("workload", w) for w in filter(None, args.workloads.split(","))]

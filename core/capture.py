@@ -102,9 +102,9 @@ def _ineligible(mode: str, kind: str, mutates: bool, modules: dict[str, tuple[An
         return "the graph_capture knob is off"
     if mode == "auto" and kind != "inference":
         return f"a {kind} graph (graph_capture=auto records inference graphs only)"
-    devices = {t.device.type for t in example_inputs if isinstance(t, torch.Tensor)}
-    if len(modules) != 1 or len(devices) != 1 or set(modules) != devices:
-        return f"kernels on {sorted(modules)}, inputs on {sorted(devices)}"
+    devices = {t.device for t in example_inputs if isinstance(t, torch.Tensor)}
+    if len(modules) != 1 or len(devices) != 1 or set(modules) != {d.type for d in devices}:
+        return f"kernels on {sorted(modules)}, inputs on {sorted(map(str, devices))}"
     if _symbolic(example_inputs):
         return "symbolic sizes"
     if mutates:

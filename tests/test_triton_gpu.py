@@ -70,6 +70,31 @@ def test_auto_capture_skips_training_and_large_kernels():
         torch.testing.assert_close(rep.result, big * 2 + 1)
 
 
+def test_replays_from_several_threads_and_streams_keep_their_own_inputs():
+    import threading
+    model = _Chain().cuda().eval()
+    fn = torch.compile(model, backend="coil", mode="reduce-overhead")
+    xs = [torch.randn(16, 32, device="cuda") for _ in range(8)]
+    got: dict[int, torch.Tensor] = {}
+
+    def work(i: int) -> None:
+        with torch.no_grad(), torch.cuda.stream(torch.cuda.Stream()):
+            for _ in range(5):
+                got[i] = fn(xs[i])
+            torch.cuda.current_stream().synchronize()
+
+    with torch.no_grad():
+        fn(xs[0])  # records
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with torch.no_grad():
+        for i, x in enumerate(xs):
+            torch.testing.assert_close(got[i], model(x), rtol=1e-4, atol=1e-4)
+
+
 def test_capture_with_dropout_draws_new_numbers_each_replay():
     x = torch.ones(64, 64, device="cuda")
     fn = torch.compile(lambda t: torch.nn.functional.dropout(t, 0.5) + 1, backend="coil",

@@ -5,7 +5,9 @@ synchronise during capture), then records it. Inputs the core marks static (para
 buffers) are recorded at their own address; every other tensor input gets a buffer of the
 recording's own, which later calls copy into (skipped when the caller passes that very
 buffer). Outputs are cloned out of the recording's memory, so a result the caller keeps is
-never overwritten by the next replay.
+never overwritten by the next replay. Calls from several threads take turns (a lock), and a
+replay on another stream first waits for the last one's copies: two callers never share the
+recording's buffers at once.
 
 A call whose static input moved (a parameter replaced) records again, up to
 :data:`MAX_RECORDINGS` times, then runs the graph normally for good; a call whose non-tensor
@@ -16,6 +18,7 @@ graph of large kernels gains nothing and pays the output copies)."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Callable
 
 import torch
@@ -47,10 +50,16 @@ class GraphReplay:
         self.recordings = 0
         self.disabled = ""  # why the graph now runs without a recording
         self.timings: tuple[float, float] | None = None  # (replay ms, launches ms)
+        self._lock = threading.Lock()
+        self._done: torch.cuda.Event | None = None  # recorded after the last replay's output copies
 
     def __call__(self, args: list[Any]) -> Any:
         if self.disabled:
             return self.fn(args)
+        with self._lock:  # one caller at a time between copying inputs in and outputs out
+            return self._call(args)
+
+    def _call(self, args: list[Any]) -> Any:
         if self.graph is None:
             return self._record(args)
         moved = False
@@ -62,6 +71,8 @@ class GraphReplay:
                 moved = moved or a.data_ptr() != mine.data_ptr()
         if moved:
             return self._record(args)
+        if self._done is not None:  # the last replay, perhaps on another stream, is done reading
+            torch.cuda.current_stream().wait_event(self._done)
         for i, (mine, a) in enumerate(zip(self.inputs, args)):
             if isinstance(a, torch.Tensor) and i not in self.static and a.data_ptr() != mine.data_ptr():
                 mine.copy_(a)
@@ -78,8 +89,13 @@ class GraphReplay:
         return f"CUDA graph replayed{times}"
 
     def _replay(self) -> Any:
+        stream = torch.cuda.current_stream()
         self.graph.replay()
-        return tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        out = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        if self._done is None:
+            self._done = torch.cuda.Event()
+        self._done.record(stream)  # a wait already queued keeps the state it saw
+        return out
 
     def _disable(self, why: str) -> None:
         self.disabled = why
