@@ -155,10 +155,8 @@ def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
     def device(k: Kernel) -> torch.device:
         return k.first_node.device
 
-    declared = {p.name: p.api_version for p in reg.plugins}
-
     def knows_aliasing(k: Kernel) -> bool:
-        api = declared.get(reg.providers.get(device(k).type, ""))
+        api = reg.api_version(device(k).type)
         return api is not None and versions.parse(api or "0") >= INPLACE_API
 
     return InplacePolicy(
@@ -277,12 +275,8 @@ def _captured(fn: Callable[[list[Any]], Any], config: Config, kind: str, mutates
               static: frozenset[int], reg: Any) -> tuple[Callable[[list[Any]], Any], Any]:
     """``fn`` recorded for replay where the ``graph_capture`` knob asks and the graph allows
     (:mod:`coil.capture`), with the note ``coil.explain`` shows."""
-    declared = {p.name: p.api_version for p in reg.plugins}
-
-    def api_of(backend: Any) -> str | None:
-        return declared.get(reg.providers.get(backend.device_type, ""))
-
-    return capture.captured(fn, config.graph_capture, kind, mutates, modules, example_inputs, static, api_of)
+    return capture.captured(fn, config.graph_capture, kind, mutates, modules, example_inputs, static,
+                            lambda backend: reg.api_version(backend.device_type))
 
 
 def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:

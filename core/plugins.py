@@ -67,6 +67,11 @@ class Registry:
             log.warning("%s", self.replacement_note(device_type))
         return backend
 
+    def api_version(self, device_type: str) -> str | None:
+        """The SDK version declared by the plugin whose backend serves ``device_type``."""
+        provider = self.providers.get(device_type)
+        return next((p.api_version for p in self.plugins if p.name == provider), None)
+
     def replacement_note(self, device_type: str) -> str:
         """What replaced what for ``device_type``, and how to get the replaced backend back."""
         winner, losers = self.providers[device_type], self.replaced[device_type]

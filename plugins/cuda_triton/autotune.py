@@ -117,21 +117,24 @@ def select_interleaved(configs: Sequence[Config], run: Callable[[Config], Callab
     return min(medians, key=medians.__getitem__), {str(cfg): ms for cfg, ms in medians.items()}
 
 
-#: GPU cycles (about 1 ms on an H200) a timing holds the stream with ``torch.cuda._sleep``
-#: before its first sample, so every sample is queued before the device reaches it: the
-#: samples then time the device alone. Without it, a call whose host work outlasts its
-#: kernels (ATen's GEMM and an epilogue launch, from Python) charged the GPU's idle time
-#: between its launches to that candidate, and a template won measurements it lost in the
-#: model (ViT-tiny's fc1 + GELU: 37 us against 28 us for cuBLAS and a GELU kernel).
+#: GPU cycles (about 1 ms on an H200) a timing with ``hold`` holds the stream with
+#: ``torch.cuda._sleep`` before its first sample, so every sample is queued before the device
+#: reaches it: the samples then time the device alone. Without it, a call whose host work
+#: outlasts its kernels (ATen's GEMM and an epilogue launch, from Python) charged the GPU's
+#: idle time between its launches to that candidate, and a template won measurements it lost
+#: in the model (ViT-tiny's fc1 + GELU: 37 us against 28 us for cuBLAS and a GELU kernel).
+#: A single raw launch has no such gap worth the millisecond: kernel tuning does not hold.
 HOLD_CYCLES = 2_000_000
 
 
-def cuda_bench(fn: Callable[[], None], reps: int = 5) -> float:
-    """Median milliseconds of ``fn`` on the current CUDA stream (device time: the samples are
-    queued behind a short spin, :data:`HOLD_CYCLES`), after one warm-up launch."""
+def cuda_bench(fn: Callable[[], None], reps: int = 5, hold: bool = False) -> float:
+    """Median milliseconds of ``fn`` on the current CUDA stream, after one warm-up launch;
+    with ``hold``, device time alone (the samples queue behind a short spin,
+    :data:`HOLD_CYCLES`)."""
     import torch
     fn()
-    torch.cuda._sleep(HOLD_CYCLES)
+    if hold:
+        torch.cuda._sleep(HOLD_CYCLES)
     start = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     end = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for s, e in zip(start, end):

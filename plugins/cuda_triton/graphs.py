@@ -46,6 +46,11 @@ class GraphReplay:
         self.measure = measure
         self.graph: torch.cuda.CUDAGraph | None = None
         self.inputs: list[Any] = []  # what the recording reads: static inputs themselves, else its own copies
+        # what each call checks, by kind of input: (index, value) of non-tensors, (index,
+        # address) of static tensors, (index, own buffer) of the tensors copied in
+        self._scalars: list[tuple[int, Any]] = []
+        self._fixed: list[tuple[int, int]] = []
+        self._copied: list[tuple[int, torch.Tensor]] = []
         self.outputs: Any = None
         self.recordings = 0
         self.disabled = ""  # why the graph now runs without a recording
@@ -62,19 +67,17 @@ class GraphReplay:
     def _call(self, args: list[Any]) -> Any:
         if self.graph is None:
             return self._record(args)
-        moved = False
-        for i, (mine, a) in enumerate(zip(self.inputs, args)):
-            if not isinstance(a, torch.Tensor):
-                if a != mine:  # a scalar the recording baked in: this call runs as compiled
-                    return self.fn(args)
-            elif i in self.static:
-                moved = moved or a.data_ptr() != mine.data_ptr()
-        if moved:
-            return self._record(args)
+        for i, value in self._scalars:
+            if args[i] != value:  # a scalar the recording baked in: this call runs as compiled
+                return self.fn(args)
+        for i, ptr in self._fixed:
+            if args[i].data_ptr() != ptr:  # a parameter moved
+                return self._record(args)
         if self._done is not None:  # the last replay, perhaps on another stream, is done reading
             torch.cuda.current_stream().wait_event(self._done)
-        for i, (mine, a) in enumerate(zip(self.inputs, args)):
-            if isinstance(a, torch.Tensor) and i not in self.static and a.data_ptr() != mine.data_ptr():
+        for i, mine in self._copied:
+            a = args[i]
+            if a.data_ptr() != mine.data_ptr():
                 mine.copy_(a)
         args.clear()
         return self._replay()
@@ -100,6 +103,7 @@ class GraphReplay:
     def _disable(self, why: str) -> None:
         self.disabled = why
         self.graph, self.inputs, self.outputs = None, [], None
+        self._scalars, self._fixed, self._copied = [], [], []
         log.debug("coil: %s", why)
 
     def _record(self, args: list[Any]) -> Any:
@@ -112,6 +116,10 @@ class GraphReplay:
         self.graph = None
         self.inputs = [a.clone() if isinstance(a, torch.Tensor) and i not in self.static else a
                        for i, a in enumerate(args)]
+        tensors = [(i, t) for i, t in enumerate(self.inputs) if isinstance(t, torch.Tensor)]
+        self._scalars = [(i, a) for i, a in enumerate(self.inputs) if not isinstance(a, torch.Tensor)]
+        self._fixed = [(i, t.data_ptr()) for i, t in tensors if i in self.static]
+        self._copied = [(i, t) for i, t in tensors if i not in self.static]
         args.clear()
         try:
             side = torch.cuda.Stream()

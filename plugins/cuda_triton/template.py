@@ -208,7 +208,8 @@ class TemplateLauncher:
             # alone: the library side's host work (ATen's GEMM and the epilogue launch, from
             # Python) is longer than a raw launch, and charging its idle GPU time to it made
             # small templates win measurements they lose in a model
-            bench = autotune.wall_bench if self.interpret else (lambda call: autotune.cuda_bench(call, reps=3))
+            bench = (autotune.wall_bench if self.interpret else
+                     (lambda call: autotune.cuda_bench(call, reps=3, hold=True)))
 
             def run(cfg: Config) -> Any:
                 if cfg == LIBRARY:
