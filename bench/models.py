@@ -169,8 +169,8 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
         first = step()
         clock.sync()
         record: dict[str, Any] = {"compile_s": time.perf_counter() - t0}
-        if stages:
-            record["coil_stages"] = dict(stages)
+        if backend == "coil":
+            record["coil_stages"] = stages()
         # Detached copies: the training step's next zero_grad drops these gradients.
         first = [(n, t.detach().clone()) for n, t in first]
         if reference is not None:
@@ -195,25 +195,28 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
 
 @contextlib.contextmanager
 def _coil_stages(backend: str) -> Any:
-    """For ``coil``: seconds per compile stage summed over the graphs compiled inside, plus
-    the graph and kernel counts (``coil.explain``'s figures); empty for other backends."""
-    totals: dict[str, float] = {}
+    """For ``coil``: a function returning the seconds per compile stage summed over the
+    graphs compiled inside, plus the graph and kernel counts (``coil.explain``'s figures).
+    Call it after the first call: a graph's first-run stages fill in once it has run."""
     if backend != "coil":
-        yield totals
+        yield dict
         return
     from coil.compile import add_observer, remove_observer
+    reports: list[Any] = []
 
-    def observe(report: Any) -> None:
-        for stage, seconds in report.stage_seconds.items():
-            totals[stage] = totals.get(stage, 0.0) + seconds
-        totals["graphs"] = totals.get("graphs", 0) + 1
-        totals["kernels"] = totals.get("kernels", 0) + len(report.kernels)
+    def totals() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for report in reports:
+            for stage, seconds in report.stage_seconds.items():
+                out[stage] = out.get(stage, 0.0) + seconds
+        out["graphs"], out["kernels"] = len(reports), sum(len(r.kernels) for r in reports)
+        return out
 
-    add_observer(observe)
+    add_observer(reports.append)
     try:
         yield totals
     finally:
-        remove_observer(observe)
+        remove_observer(reports.append)
 
 
 @contextlib.contextmanager

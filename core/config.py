@@ -34,7 +34,7 @@ _FALSE = ("0", "false", "no", "off")
 _SIZE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 #: Values of the ``progress`` knob.
-TemplateMode = Literal["auto", "heuristic", "force", "off"]
+TemplateMode = Literal["auto", "tune", "heuristic", "force", "off"]
 ProgressMode = Literal["auto", "on", "off"]
 GraphCaptureMode = Literal["auto", "on", "off"]
 
@@ -114,10 +114,12 @@ class Config:
     progress: ProgressMode = _knob("auto", choices=get_args(ProgressMode))
     #: Matrix products with pointwise work after them, as template kernels with that work
     #: fused (``coil_templates`` plugins, for backends that speak the template's dialect):
-    #: ``auto`` measures the template against the device's library where the backend tunes
-    #: and asks the template's heuristic elsewhere; ``heuristic`` never measures; ``force``
-    #: uses a template wherever one applies, even with nothing to fuse (tests); ``off``
-    #: always calls the library.
+    #: ``auto`` asks the template's heuristic (``Template.prefer``) and, where it says yes
+    #: and the backend tunes, measures the template against the device's library on the
+    #: first launch; ``tune`` measures every product a template supports (each measured
+    #: template is seconds of builds on a cold cache); ``heuristic`` never measures;
+    #: ``force`` uses a template wherever one applies, even with nothing to fuse (tests);
+    #: ``off`` always calls the library.
     templates: TemplateMode = _knob("auto", choices=get_args(TemplateMode))
     #: Keep each compiled graph (wrapper and the backends' exported modules) in the on-disk
     #: cache, keyed by everything its compile depends on (:mod:`coil.graph_cache`), so a later

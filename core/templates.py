@@ -91,8 +91,9 @@ def offer(extern: ir.ExternNode, offered: TemplateOffer) -> ir.TemplateNode | No
         if reason is not None:
             log.debug("template %s declines %s: %s", template.name, extern.name, reason)
             continue
-        measure = offered.mode == "auto" and offered.tunes
-        if offered.mode != "force" and not measure and not template.prefer(problem):
+        measure = offered.mode in ("auto", "tune") and offered.tunes
+        asks = offered.mode != "force" and not (offered.mode == "tune" and measure)
+        if asks and not template.prefer(problem):  # "tune" on a backend that tunes measures all
             log.debug("template %s prefers the library for %s", template.name, extern.name)
             return None
         ranges = tuple(out.size)

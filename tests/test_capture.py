@@ -101,3 +101,27 @@ def test_parameters_reach_the_capture_decision_as_static_inputs(monkeypatch):
     (kind, static, n), = seen
     assert kind == "inference" and len(static) == 4 and n == 5  # 2 weights, 2 biases; x is not static
     assert coil.config.get().graph_capture == "auto"
+
+
+_BASE = torch.arange(64 * 72, dtype=torch.float32).reshape(64, 72)
+
+
+@pytest.mark.parametrize("view,same_strides", [
+    (_BASE, True), (_BASE[:, :70], True), (_BASE[1:, 1:71], True), (_BASE.t(), True),
+    (torch.randn(2, 8, 3, 4).permute(0, 2, 1, 3)[..., :3], True),
+    (_BASE[::3], False), (_BASE[:, 2:5], False),  # mostly gaps: compacted
+    (torch.arange(24.0).reshape(3, 1, 8).expand(3, 5, 8), False), (_BASE[:0], False),
+], ids=["contiguous", "padded-columns", "offset", "transposed", "permuted-slice", "strided-rows",
+        "narrow", "expanded", "empty"])
+def test_outputs_copied_out_of_a_recording_are_equal_new_memory_with_the_same_strides_where_cheap(
+        view, same_strides):
+    from coil_cuda_triton.graphs import copy_out
+    got = copy_out(view)
+    assert torch.equal(got, view)
+    if view.numel():
+        assert got.untyped_storage().data_ptr() != view.untyped_storage().data_ptr()
+    if same_strides:  # a view with small gaps (a padded product's columns): one contiguous copy
+        assert got.stride() == view.stride()
+        assert got.untyped_storage().nbytes() <= 2 * view.numel() * view.element_size()
+    else:
+        assert got.is_contiguous()

@@ -177,7 +177,10 @@ def test_a_compile_shows_its_graph_stage_and_backend_count(fast, slow_cpu, monke
     assert f"coil: compiling {name} (inference): codegen+compile 1/2 kernels" in text, text
     assert f"coil: compiling {name} (inference): codegen+compile 2/2 kernels" in text, text
     assert screen(text).strip() == "", repr(text)
-    assert set(report.graphs[0].stage_seconds) == {"lower", "schedule", "codegen+compile", "wrapper"}
+    stages = report.graphs[0].stage_seconds
+    # the first call's own stage (loading and tuning kernels) fills in once the graph has run
+    assert set(stages) == {"lower", "schedule", "codegen+compile", "wrapper", "first run"}
+    assert stages["first run"] > 0
 
 
 def test_auto_prints_nothing_when_stderr_is_not_a_terminal(fast, slow_cpu, monkeypatch):

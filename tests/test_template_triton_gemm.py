@@ -289,8 +289,10 @@ def test_configs_follow_the_shape():
 
 
 def test_prefer():
-    assert TEMPLATE.prefer(_problem(1, 4096, 4096, 4096))
+    assert TEMPLATE.prefer(_problem(1, 4096, 4096, 256))  # short K: the saved epilogue pass matters
     assert TEMPLATE.prefer(_problem(64, 512, 512, 64))
+    assert not TEMPLATE.prefer(_problem(1, 4096, 4096, 4096))  # compute-bound: cuBLAS
+    assert not TEMPLATE.prefer(_problem(1, 8192, 3072, 768))  # GPT-2's MLP: cuBLAS measured faster
     assert not TEMPLATE.prefer(_problem(1, 1, 4096, 4096))  # decode: cuBLAS' GEMV
     assert not TEMPLATE.prefer(_problem(1, 32, 11008, 4096))
     assert not TEMPLATE.prefer(_problem(1, 48, 48, 256))  # too small

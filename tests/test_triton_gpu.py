@@ -47,6 +47,8 @@ def test_auto_capture_replays_host_bound_inference_with_parameters_in_place():
         rep = coil.explain(model, torch.randn(16, 32, device="cuda"))
         note = rep.graphs[0].capture
         assert note.replay is not None and "replayed" in str(note), str(note)
+        stages = rep.graphs[0].stage_seconds  # recording and measuring it: a stage of the first call
+        assert stages["first run"] > 0 and stages["capture"] > 0, stages
         fn = torch.compile(model, backend="coil")
         xs = [torch.randn(16, 32, device="cuda") for _ in range(4)]
         outs = [fn(x) for x in xs]

@@ -38,6 +38,25 @@ CALLS = 3
 ROUNDS = 3
 
 
+def copy_out(t: torch.Tensor) -> torch.Tensor:
+    """A copy of an output out of the recording's memory, with ``t``'s own strides. An output
+    that is a view with gaps (a padded product's columns: GPT-2's logits are 50257 of 50264)
+    is copied as the whole region it spans, in one contiguous copy, and viewed the same way:
+    ``clone()`` would compact it element by element, which took GPT-2's 823 MB of logits 0.95
+    ms on the H200."""
+    if t.is_contiguous() or t.numel() == 0 or any(s < 0 for s in t.stride()):
+        return t.clone()
+    span = 1  # elements from the first to one past the last, dims taken by rising stride
+    for stride, n in sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1):
+        if stride < span:
+            return t.clone()  # elements overlap (an expanded dim)
+        span += (n - 1) * stride
+    if span > 2 * t.numel():
+        return t.clone()  # a sparse view: copying its span would copy mostly gaps
+    region = t.as_strided((span,), (1,)).clone()
+    return region.as_strided(t.shape, t.stride())
+
+
 class GraphReplay:
     def __init__(self, fn: Callable[[list[Any]], Any], static: frozenset[int] = frozenset(),
                  measure: bool = False) -> None:
@@ -94,7 +113,7 @@ class GraphReplay:
     def _replay(self) -> Any:
         stream = torch.cuda.current_stream()
         self.graph.replay()
-        out = tuple(o.clone() if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        out = tuple(copy_out(o) if isinstance(o, torch.Tensor) else o for o in self.outputs)
         if self._done is None:
             self._done = torch.cuda.Event()
         self._done.record(stream)  # a wait already queued keeps the state it saw

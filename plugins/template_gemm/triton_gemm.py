@@ -30,6 +30,11 @@ from coil.sdk.templates import GemmProblem, Operand, Template, TemplateConfig
 # --- the H200 as the cost model sees it -----------------------------------------------------
 
 SMS = 132
+#: Longest K for which the template is worth building and measuring: above it the product
+#: is compute-bound and cuBLAS's GEMM (with its own bias epilogue) won every measurement on
+#: the H200 (GPT-2's MLP at K=768: library 0.291 ms, template 0.347), while each measured
+#: template costs seconds of first-call builds.
+PREFER_MAX_K = 256
 #: Bytes of operand tiles one program may keep in flight (all stages); an SM has 228 KB, and
 #: the rest is left to the epilogue's layout conversions.
 SMEM_BUDGET = 200 * 1024
@@ -212,14 +217,17 @@ class TritonGemm(Template):
         return ranked[:MAX_CONFIGS]
 
     def prefer(self, problem: GemmProblem) -> bool:
-        """Products big enough for tensor cores, with enough tiles to fill the SMs; not
-        decode-like ones (M <= 64 against a large B), which the library streams better."""
+        """Products big enough for tensor cores, with enough tiles to fill the SMs and a
+        short K (at most :data:`PREFER_MAX_K`); not decode-like ones (M <= 64 against a
+        large B), which the library streams better."""
         sizes = problem.static_sizes()
         if sizes is None or self.supports(problem) is not None:
             return False
         b, m, n, k = sizes
         if m * n < 64 * 64 or k < 64:
             return False  # too little work for tensor cores to repay a kernel of its own
+        if k > PREFER_MAX_K:
+            return False  # compute-bound: cuBLAS's kernels win, the saved epilogue pass is small
         if m <= 64 and n * k >= 2**20:
             return False  # decode-like: the library's GEMV and split-K kernels stream weights better
         if b * _cdiv(m, 64) * _cdiv(n, 64) < SMS and k > 1024:
