@@ -13,7 +13,7 @@ A dead buffer that no later step takes over is freed right away (``del``), so th
 peak is the most bytes live at once, counting buffers held for a later taker."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import sympy
@@ -44,7 +44,6 @@ class MemoryPlan:
     reused: int = 0
     #: Outputs written over an input of their own kernel.
     inplace: int = 0
-    pool_key: dict[str, tuple] = field(default_factory=dict)
 
 
 def step_reads(step: object) -> set[str]:

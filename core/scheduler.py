@@ -72,9 +72,7 @@ def _combine(a: tuple[tuple, tuple], b: tuple[tuple, tuple]) -> tuple[tuple, tup
         return (xa, ra) if (xa, ra) == (xb, rb) else None
     if not ra and not rb:
         return a if xa == xb else None
-    if ra:
-        (xa, ra), (xb, rb) = (xa, ra), (xb, rb)
-    else:
+    if not ra:
         (xa, ra), (xb, rb) = (xb, rb), (xa, ra)
     # (xa, ra) is the reduction space; xb is a pointwise space
     if xb == xa or xb == xa + ra:

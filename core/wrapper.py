@@ -39,12 +39,8 @@ def restride(t: torch.Tensor, size: Sequence[Any], stride: Sequence[Any]) -> tor
     return out
 
 
-class PyPrinter(ExprPrinter):
-    def minimum(self, args: list[str]) -> str:
-        return f"min({', '.join(args)})"
-
-
-PY = PyPrinter()
+#: ExprPrinter's own spellings are Python's.
+PY = ExprPrinter()
 
 
 def py(e: Any) -> str:
