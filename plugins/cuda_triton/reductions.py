@@ -134,11 +134,25 @@ class Reduction:
     def finish(self, w: CodeWriter) -> list[str]:
         n, kind = self.name, self.kind
         if kind == "welford":
-            w.line(f"{n}_rm, {n}_rm2, _ = tl.reduce(({n}_mean, {n}_m2, {n}_n), 1, welford_combine)")
-            return [f"{n}_rm[:, None]", f"{n}_rm2[:, None]"]
+            mean, m2, _ = welford_lanes(w, n, f"{n}_mean", f"{n}_m2", f"{n}_n")
+            return [mean, m2]
         if kind in ("argmax", "argmin"):
             w.line(f"_, {n}_r = tl.reduce(({n}_acc, {n}_idx), 1, {kind}_combine)")
             return [f"{n}_r[:, None]"]
         dtype = torch.bool if kind in ("any", "all") else self.acc_dtype
         w.line(f"{n}_r = {_final(kind, f'{n}_acc', dtype)}")
         return [f"{n}_r"]
+
+
+def welford_lanes(w: CodeWriter, name: str, mean: str, m2: str, count: str) -> list[str]:
+    """Lines combining ``[XBLOCK, N]`` blocks of Welford states along axis 1 at once (Chan's
+    formula for many groups: the counts' sum, the count-weighted mean, then each group's m2
+    plus its count times its squared distance to that mean); returns the names of the mean,
+    m2 and count (``[XBLOCK, 1]``). States of count 0 (masked lanes, empty chunks) weigh
+    nothing. Three sums, where ``tl.reduce`` with a combining function folds pairs one by
+    one (Triton's interpreter, which CI runs, takes a Python call per pair)."""
+    w.line(f"{name}_cnt = tl.sum({count}, 1)[:, None]")
+    w.line(f"{name}_cmean = tl.sum({mean} * {count}, 1)[:, None] / tl.where({name}_cnt == 0, 1.0, {name}_cnt)")
+    w.line(f"{name}_dev = tl.where({count} == 0, 0.0, {mean} - {name}_cmean)")
+    w.line(f"{name}_cm2 = tl.sum({m2} + {count} * {name}_dev * {name}_dev, 1)[:, None]")
+    return [f"{name}_cmean", f"{name}_cm2", f"{name}_cnt"]

@@ -1,5 +1,5 @@
 """Triton helper functions the generated kernels call: NaN-propagating max/min, the combine
-functions of multi-value reductions (argmax/argmin, Welford), and integer division with
+functions of multi-value reductions (argmax/argmin), and integer division with
 Python's (or C's) rounding.
 
 They are plain functions here; :func:`coil_cuda_triton.loader.namespace` wraps each with
@@ -49,13 +49,6 @@ def argmin_combine(va, ia, vb, ib):
     return tl.where(pick_a, va, vb), tl.where(pick_a, ia, ib)
 
 
-def welford_combine(mean_a, m2_a, n_a, mean_b, m2_b, n_b):
-    n = n_a + n_b
-    delta = mean_b - mean_a
-    w_b = tl.where(n == 0, 0.0, n_b / tl.where(n == 0, 1.0, n))
-    return mean_a + delta * w_b, m2_a + m2_b + delta * delta * n_a * w_b, n
-
-
 def int_floordiv(a, b):
     # Python's floor division; division by zero gives 0 (Coil's contract), not a trap
     safe = tl.where(b == 0, 1, b)
@@ -102,5 +95,5 @@ def interpreted_loop_bound(n):
 
 
 HELPERS = ("loop_bound", "round_bf16", "max_nan", "min_nan", "add_combine", "mul_combine", "or_combine", "and_combine",
-           "argmax_combine", "argmin_combine", "welford_combine", "int_floordiv", "int_truncdiv",
+           "argmax_combine", "argmin_combine", "int_floordiv", "int_truncdiv",
            "int_remainder", "int_fmod")
