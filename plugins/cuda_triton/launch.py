@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from coil.sdk import cachestats
 
-from . import autotune, configs
+from . import autotune, build_index, configs
 from .codegen import KernelSource
 from .configs import Config
 
@@ -55,11 +55,23 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
     reduction = has_rblock(src)
     n_ptrs = len(src.buffers)
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)} if aligned else {}
-    ast = ASTSource(fn=fn, signature=signature(src, reduction), constexprs=cfg.constexprs(reduction),
-                    attrs=attrs)
+    sig, constexprs = signature(src, reduction), cfg.constexprs(reduction)
+    ast = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "debug": debug}
+    indexed = None
+    if not triton.knobs.compilation.always_compile:
+        where = target if target is not None else triton.runtime.driver.active.get_current_target()
+        indexed = build_index.key(fn, sig, constexprs, attrs, options, where)
+        built = build_index.load(indexed, ast)
+        if built is not None:  # read from Triton's cache without its key's dependency walk
+            if on_cache is not None:
+                on_cache(True)
+            return built
     with _listening(on_cache):
-        return triton.compile(ast, target=target, options=options)
+        built = triton.compile(ast, target=target, options=options)
+    if indexed is not None:
+        build_index.record(indexed, ast, built)
+    return built
 
 
 @contextlib.contextmanager
