@@ -15,22 +15,22 @@ from .versions import API_VERSION, compatibility
 #: Public name -> module it lives in. Loaded on first use, so importing ``coil.sdk`` (the
 #: conformance kit's pytest plugin does, in every pytest session) does not import torch.
 _LAZY = {
-    "KernelCompileError": "coil.errors", "PluginError": "coil.errors", "ToolchainError": "coil.errors",
-    "REDUCTION_TYPES": "coil.ir", "Cast": "coil.ir", "Const": "coil.ir", "Expr": "coil.ir",
-    "ExternNode": "coil.ir", "IndexValue": "coil.ir", "Indirect": "coil.ir", "Load": "coil.ir",
-    "Masked": "coil.ir", "Op": "coil.ir", "PointwiseNode": "coil.ir", "ReductionNode": "coil.ir",
-    "ScanNode": "coil.ir", "ScatterNode": "coil.ir", "Value": "coil.ir", "walk": "coil.ir",
-    "loads": "coil.ir",
-    "Kernel": "coil.kernel", "KernelNode": "coil.kernel", "Loop": "coil.kernel",
-    "POINTWISE_OPS": "coil.ops", "register_backend_for_device": "coil.plugins",
-    "ExprPrinter": "coil.symbolic", "FloorDiv": "coil.symbolic", "ModIdx": "coil.symbolic",
+    "KernelCompileError": "coil.sdk.errors", "PluginError": "coil.sdk.errors", "ToolchainError": "coil.sdk.errors",
+    "REDUCTION_TYPES": "coil.sdk.ir", "Cast": "coil.sdk.ir", "Const": "coil.sdk.ir", "Expr": "coil.sdk.ir",
+    "ExternNode": "coil.sdk.ir", "IndexValue": "coil.sdk.ir", "Indirect": "coil.sdk.ir", "Load": "coil.sdk.ir",
+    "Masked": "coil.sdk.ir", "Op": "coil.sdk.ir", "PointwiseNode": "coil.sdk.ir", "ReductionNode": "coil.sdk.ir",
+    "ScanNode": "coil.sdk.ir", "ScatterNode": "coil.sdk.ir", "Value": "coil.sdk.ir", "walk": "coil.sdk.ir",
+    "loads": "coil.sdk.ir",
+    "Kernel": "coil.sdk.kernel", "KernelNode": "coil.sdk.kernel", "Loop": "coil.sdk.kernel",
+    "POINTWISE_OPS": "coil.sdk.ops", "register_backend_for_device": "coil.plugins",
+    "ExprPrinter": "coil.sdk.symbolic", "FloorDiv": "coil.sdk.symbolic", "ModIdx": "coil.sdk.symbolic",
     "Capabilities": "coil.sdk.backend", "Check": "coil.sdk.backend", "DeviceBackend": "coil.sdk.backend",
     "Scheduling": "coil.sdk.backend", "CodeWriter": "coil.sdk.codewriter",
     "hookimpl": "coil.sdk.hookspecs", "ReferenceBackend": "coil.sdk.reference",
     "DiskCache": "coil.sdk.diskcache",
     "Template": "coil.sdk.templates", "TemplateConfig": "coil.sdk.templates",
     "GemmProblem": "coil.sdk.templates", "Operand": "coil.sdk.templates",
-    "TemplateCall": "coil.kernel",
+    "TemplateCall": "coil.sdk.kernel",
 }
 
 

@@ -45,7 +45,7 @@ class Capabilities:
     #: (cuDNN on tensor cores); the core then lays inference graphs' conv nets out so.
     conv_channels_last: bool = False
     #: Whether the op table spells the catalogue's counter-based ``rand`` and ``randn``
-    #: (Philox4x32-10, :mod:`coil.ops`); only then does the core generate random ops (rand,
+    #: (Philox4x32-10, :mod:`coil.sdk.ops`); only then does the core generate random ops (rand,
     #: randn, bernoulli, dropout, uniform_, normal_) in kernels for the device, else ATen runs them.
     random: bool = False
     #: Whether a kernel with reduced dims may store an output over the memory of an input that

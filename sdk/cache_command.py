@@ -13,6 +13,7 @@ from typing import Any
 
 from . import cachestats
 from .diskcache import clear, max_bytes, namespaces, stats, unmanaged
+from .errors import ConfigError
 
 HELP = "show (stats), empty (clear), export or import Coil's on-disk cache"
 
@@ -44,7 +45,6 @@ def _human(n: float) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from coil import config
-    from coil.errors import ConfigError
 
     try:
         root, cap = config.current().cache_dir, max_bytes()

@@ -1,5 +1,5 @@
 """A reference executor of Coil's kernel IR in torch operations: the living definition of what
-a :class:`~coil.kernel.Kernel` means, in the spirit of tinygrad's Python emulator.
+a :class:`~coil.sdk.kernel.Kernel` means, in the spirit of tinygrad's Python emulator.
 
 Every node is evaluated over its whole index grid at once (loop variables become broadcast
 ``arange`` tensors, index expressions become integer tensors, loads and stores become
@@ -24,10 +24,10 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from coil.ir import (Cast, Const, IndexValue, Indirect, Load, Masked, Op, ReductionNode, ScanNode,
+from coil.sdk.ir import (Cast, Const, IndexValue, Indirect, Load, Masked, Op, ReductionNode, ScanNode,
                      ScatterNode, Value)
-from coil.kernel import Kernel, KernelNode
-from coil.symbolic import FloorDiv, ModIdx
+from coil.sdk.kernel import Kernel, KernelNode
+from coil.sdk.symbolic import FloorDiv, ModIdx
 
 from .backend import Capabilities, DeviceBackend
 
@@ -119,7 +119,7 @@ def philox_randn(seed: Tensor, counter: Tensor) -> Tensor:
     return radius * torch.cos(_unit(w1) * torch.tensor(2 * math.pi, dtype=torch.float32))
 
 
-#: The torch spelling of every op of ``coil.ops.POINTWISE_OPS`` (operands already share a dtype).
+#: The torch spelling of every op of ``coil.sdk.ops.POINTWISE_OPS`` (operands already share a dtype).
 OPS: dict[str, Callable[..., Tensor]] = {
     "add": torch.add, "sub": torch.sub, "mul": torch.mul, "truediv": torch.true_divide,
     "floordiv": _int_guarded(_div("floor"), _div("floor")),

@@ -114,14 +114,14 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _UNREVIEWED,
     ("coil.sdk", "coil.config"):
         _SDK_CORE,
-    ("coil.sdk", "coil.errors"):
-        _SDK_CORE,
-    ("coil.sdk", "coil.ir"):
-        _SDK_CORE,
-    ("coil.sdk", "coil.kernel"):
-        _SDK_CORE,
-    ("coil.sdk", "coil.ops"):
-        _SDK_CORE,
+    ("coil.sdk", "coil.sdk.errors"):
+        _LAZY_PACKAGE,
+    ("coil.sdk", "coil.sdk.ir"):
+        _LAZY_PACKAGE,
+    ("coil.sdk", "coil.sdk.kernel"):
+        _LAZY_PACKAGE,
+    ("coil.sdk", "coil.sdk.ops"):
+        _LAZY_PACKAGE,
     ("coil.sdk", "coil.plugins"):
         _SDK_CORE,
     ("coil.sdk", "coil.sdk.backend"):
@@ -136,15 +136,13 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _LAZY_PACKAGE,
     ("coil.sdk", "coil.sdk.templates"):
         _LAZY_PACKAGE,
-    ("coil.sdk", "coil.symbolic"):
-        _SDK_CORE,
+    ("coil.sdk", "coil.sdk.symbolic"):
+        _LAZY_PACKAGE,
     ("coil.sdk.backend", "coil.config"):
         _SDK_CORE,
     ("coil.sdk.cache_command", "coil.cache"):
         _SDK_CORE,
     ("coil.sdk.cache_command", "coil.config"):
-        _SDK_CORE,
-    ("coil.sdk.cache_command", "coil.errors"):
         _SDK_CORE,
     ("coil.sdk.cache_command", "coil.sdk.remotecache"):
         _UNREVIEWED,
@@ -171,8 +169,6 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _CYCLE_TODO,
     ("coil.sdk.testing.opinfo_modes", "coil.sdk.testing.opinfo_layout"):
         _UNREVIEWED,
-    ("coil.sdk.testing.plugin", "coil.errors"):
-        _SDK_CORE,
     ("coil.sdk.testing.plugin", "coil.plugins"):
         _SDK_CORE,
     ("coil.sdk.testing.plugin", "coil.sdk.testing.kit"):
@@ -191,8 +187,6 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _SDK_CORE,
     ("coil.sdk.testing.test_pointwise", "coil.sdk.reference"):
         _UNREVIEWED,
-    ("coil.sdk.testing.test_runtime", "coil.errors"):
-        _SDK_CORE,
     ("coil.sdk.testing.test_runtime", "coil.plugins"):
         _SDK_CORE,
     ("coil.sdk.testing.test_runtime", "coil.sdk"):

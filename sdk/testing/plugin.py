@@ -16,6 +16,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from coil.sdk.errors import CoilError
+
 from . import expected as _expected
 from . import tiers as _tiers
 
@@ -86,7 +88,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     config.pluginmanager.register(KitSession(opts), "coil-conformance-session")
     if opts.backend_spec:
-        from coil.errors import CoilError
 
         from .routing import route
         try:

@@ -7,7 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from coil.errors import CoilError
+from coil.sdk.errors import CoilError
 
 
 class BackendSpecError(CoilError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coil.sdk.errors import NoBackendError
 from coil.sdk.testing.kit import CountingCompiler, Kit
 
 pytestmark = pytest.mark.coil_tier("runtime")
@@ -67,7 +68,6 @@ def test_outputs_feed_the_next_call(coil_kit: Kit) -> None:
 
 def test_unknown_device_error_names_the_served_devices(coil_kit: Kit) -> None:
     from coil import plugins
-    from coil.errors import NoBackendError
 
     with pytest.raises(NoBackendError) as info:
         plugins.registry().backend_for("coil_conformance_no_such_device")
