@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, get_args
 
 import sympy
 import torch
@@ -282,7 +282,13 @@ class PointwiseNode(Node):
 
 
 #: Reduction types every plugin implements.
-REDUCTION_TYPES = ("sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford")
+ReductionType = Literal["sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford"]
+REDUCTION_TYPES: tuple[ReductionType, ...] = get_args(ReductionType)
+#: How a scan combines (``ScanNode.combine``).
+ScanCombine = Literal["sum", "prod"]
+#: Why an ATen call is in the graph (``ExternNode.kind``): a library kernel by design
+#: (matmul, convolution), or an op Coil has no lowering for.
+ExternKind = Literal["library", "fallback"]
 
 
 @dataclass
@@ -295,7 +301,7 @@ class ReductionNode(Node):
     layout: Layout
     ranges: tuple[Expr, ...]
     reduction_ranges: tuple[Expr, ...]
-    reduction_type: str
+    reduction_type: ReductionType
     body: Value
     store_index: Expr
     #: dtype the accumulator uses (float32 for half types, int64 for integer sums).
@@ -322,7 +328,7 @@ class ScanNode(Node):
     layout: Layout
     ranges: tuple[Expr, ...]
     scan_range: Expr
-    combine: str  # "sum" | "prod"
+    combine: ScanCombine
     body: Value
     store_index: Expr
     acc_dtype: torch.dtype
@@ -378,7 +384,7 @@ class ExternNode(Node):
     output_layouts: tuple[Layout | None, ...]
     output_paths: tuple[tuple[int, ...], ...]
     #: "fallback" for ops Coil has no lowering for, "library" for matmul/conv by design.
-    kind: str = "fallback"
+    kind: ExternKind = "fallback"
     #: Input buffers whose storage the outputs may share (ATen view ops): they stay alive
     #: as long as the outputs do.
     aliases: tuple[str, ...] = ()

@@ -8,18 +8,22 @@ Loop variables are ``x0..`` over ``x_ranges`` (the kept, parallel dims) and ``r0
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import sympy
 
 from . import ir
 from .ir import Expr
 
+#: A kernel's two levels: ``"x"``, the kept dims every node runs over, and ``"r"``, the
+#: reduced dims inside them.
+Level = Literal["x", "r"]
+
 
 @dataclass
 class KernelNode:
     node: ir.Node
-    level: str  # "x" | "r"
+    level: Level
     body: ir.Value
     #: Where the (first) output goes, in kernel variables.
     store_index: Expr
@@ -35,7 +39,7 @@ class KernelNode:
 class Loop:
     """Consecutive kernel nodes that share one pass over their level's iteration space."""
 
-    level: str
+    level: Level
     nodes: list[KernelNode]
 
 

@@ -130,6 +130,14 @@ HISTORY: tuple[Release, ...] = (
                "(the graph_capture knob's new default, auto); older plugins keep the two-argument "
                "call and are recorded only under mode='reduce-overhead'"),
     )),
+    Release("0.14.0", (
+        Change("the kernel IR is the SDK's own: coil.sdk.ir (values, nodes, layouts), "
+               "coil.sdk.kernel (Kernel, KernelNode, Loop, TemplateCall), coil.sdk.ops (the op "
+               "catalogue), coil.sdk.symbolic (index expressions) and coil.sdk.errors, with "
+               "the names coil.sdk exported unchanged"),
+        Change("closed sets typed: ReductionType, ScanCombine and ExternKind (coil.sdk.ir), "
+               "Level (coil.sdk.kernel) as Literal types"),
+    )),
 )
 
 #: The API version this Coil provides.

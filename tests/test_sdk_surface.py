@@ -33,8 +33,8 @@ UPDATE = ".venv/bin/python tests/test_sdk_surface.py --update"
 
 #: The SDK's public modules besides the package itself (``coil.sdk.testing`` is the kit).
 MODULES = ("backend", "cachestats", "cache_command", "canonical", "codewriter", "diskcache",
-           "hookspecs", "progress", "redisclient", "reference", "remotecache", "scaffold",
-           "templates", "versions")
+           "errors", "hookspecs", "ir", "kernel", "ops", "progress", "redisclient", "reference",
+           "remotecache", "scaffold", "symbolic", "templates", "versions")
 
 
 # ----------------------------------------------------------------------------- describing

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.13.0"  # uses capture(static_inputs=, measure=), coil.sdk.cachestats, DiskCache(layer=...),
+    return "0.14.0"  # uses the SDK's own IR modules, capture(static_inputs=, measure=), coil.sdk.cachestats, DiskCache(layer=...),
     #               export_module/import_module, template_dialects, Check.skip,
     #               coil.sdk.canonical, gemm_alignment_bytes, coil.sdk.progress,
     #               Capabilities.random, Capabilities.inplace_reductions, Kernel.inplace, warm_up
