@@ -7,6 +7,8 @@
 #include <omp.h>
 #include <type_traits>
 
+#include "coil_vecmath.h"
+
 namespace coil {
 
 // Half-precision storage types. Scoped enums rather than structs or _Float16: scalars, so

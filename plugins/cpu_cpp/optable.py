@@ -48,7 +48,7 @@ OPS: dict[str, Spelling] = {
     "asin": _call("std::asin"), "acos": _call("std::acos"), "atan": _call("std::atan"),
     "sinh": _call("std::sinh"), "cosh": _call("std::cosh"), "tanh": _call("std::tanh"),
     "asinh": _call("std::asinh"), "acosh": _call("std::acosh"), "atanh": _call("std::atanh"),
-    "erf": _call("std::erf"), "erfc": _call("std::erfc"), "erfinv": _tcall("coil::erfinv_"),
+    "erf": _tcall("coil::erf_"), "erfc": _call("std::erfc"), "erfinv": _tcall("coil::erfinv_"),
     "lgamma": _call("std::lgamma"), "sigmoid": _tcall("coil::sigmoid"),
     "floor": _call("std::floor"), "ceil": _call("std::ceil"), "round": _tcall("coil::round_"),
     "trunc": _call("std::trunc"),

@@ -24,6 +24,8 @@ from coil.sdk.diskcache import DiskCache
 log = logging.getLogger(__name__)
 
 HEADER = Path(__file__).with_name("coil_cpu.h")
+#: Every header a kernel may include (coil_cpu.h includes the others): all enter the cache key.
+HEADERS = tuple(sorted(HEADER.parent.glob("*.h")))
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC",
          "-fno-math-errno", "-fno-trapping-math", "-w"]
 
@@ -166,7 +168,8 @@ def _command(cxx: str, flags: Sequence[str], source: Path, output: Path) -> list
 def library_key(source: str, extra_flags: Sequence[str] = (), key_extra: str = "") -> str:
     """The cache key of the library :func:`library_for` builds from these arguments."""
     flags = [*FLAGS, *extra_flags]
-    return hashlib.sha256("\0".join([source, HEADER.read_text(), " ".join(flags), compiler_version(compiler()),
+    headers = "\0".join(h.read_text() for h in HEADERS)
+    return hashlib.sha256("\0".join([source, headers, " ".join(flags), compiler_version(compiler()),
                                      cpu_id(), key_extra, CACHE_FORMAT]).encode()).hexdigest()
 
 
