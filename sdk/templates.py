@@ -154,10 +154,12 @@ class Template:
         raise NotImplementedError
 
     def prefer(self, problem: GemmProblem) -> bool:
-        """Whether the template should beat the device's library for ``problem`` when the
-        choice is not measured (tuning off): a heuristic from sizes and dtypes. The core
-        measures instead where the backend tunes; a wrong guess costs speed, never
-        correctness."""
+        """Whether the template may beat the device's library for ``problem``: a heuristic
+        from sizes and dtypes. Under the ``templates`` knob's default (``auto``) it decides
+        which products get a template at all; where the backend tunes, those are then
+        measured against the library on the first launch (each one is builds on a cold
+        cache), elsewhere the answer stands. ``tune`` measures every supported product
+        without asking. A wrong guess costs speed, never correctness."""
         return True
 
     def render(self, problem: GemmProblem, names: Mapping[str, str],

@@ -292,3 +292,35 @@ def test_interleaved_selection_warms_up_takes_turns_and_medians(monkeypatch):
     assert order[:2] == [a, b]  # each candidate ran once before anything was timed
     assert order[2:4] == [a, a]  # warming up: 3 + 3 ms >= 5 ms on the first candidate
     assert order[4:] == [a, b] * 5
+
+
+class NaiveTritonDeclines(NaiveTriton):
+    """The same template, whose heuristic expects the library to win everywhere."""
+
+    def prefer(self, p):
+        return False
+
+
+@pytest.mark.parametrize("templates", [[NaiveTritonDeclines()]], indirect=True)
+def test_auto_builds_no_template_its_heuristic_declines_and_tune_measures_it(templates, tmp_path, monkeypatch):
+    """``templates=auto`` asks ``prefer`` before building anything (each measured template is
+    seconds of builds on a GPU's first call); ``tune`` measures every supported product."""
+    pytest.importorskip("triton")
+    from coil_cuda_triton.testing import conformance_backend
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
+    w = torch.randn(40, 48, dtype=torch.float16)
+
+    def f(x):
+        return F.gelu(x @ w.t()) * 2
+    x = torch.randn(3, 20, 48, dtype=torch.float16)
+    with torch.no_grad():
+        for mode, measured in (("auto", False), ("tune", True)):
+            torch._dynamo.reset()
+            backend = conformance_backend()
+            coil.register_backend_for_device("cpu", backend, name=f"triton-{mode}")
+            out = torch.compile(f, backend="coil", options={"templates": mode})(x)
+            torch.testing.assert_close(out, f(x), atol=2e-2, rtol=2e-2)
+            assert bool(backend._templates) == measured, mode
+            if measured:
+                assert [t.choice for t in backend._templates] in (["template"], ["library"])
+    plugins.reset()
