@@ -1,8 +1,11 @@
 """Test helpers: run a function eagerly and through Coil, and compare."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Callable
 
+import pytest
 import torch
 
 import coil
@@ -15,3 +18,13 @@ def check(fn: Callable[..., Any], *args: Any, atol: float = 1e-5, rtol: float = 
     report = coil.explain(fn, *args, dynamic=dynamic)
     torch.testing.assert_close(report.result, expected, atol=atol, rtol=rtol, equal_nan=True)
     return report
+
+
+def matches_golden(text: str, path: Path, what: str) -> None:
+    """Assert ``text`` equals the golden file ``path``; with ``COIL_UPDATE_GOLDEN=1`` (or when
+    the file is missing, which then fails) write it instead."""
+    if os.environ.get("COIL_UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(text)
+        if os.environ.get("COIL_UPDATE_GOLDEN") != "1":
+            pytest.fail(f"wrote missing golden file {path}; check it in")
+    assert text == path.read_text(), f"{what} changed; see {path}"

@@ -3,7 +3,6 @@ codegen shows up as a diff here. Regenerate with ``COIL_UPDATE_GOLDEN=1 pytest t
 after checking that the new code is what you meant."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import coil
+from helpers import matches_golden
 
 GOLDEN = Path(__file__).with_name("golden")
 
@@ -29,8 +29,4 @@ def test_generated_code_matches_golden(case):
     report = coil.explain(fn, *make())
     text = "\n".join(k.source.rstrip() for k in report.kernels) + "\n"
     path = GOLDEN / f"{case}.cpp"
-    if os.environ.get("COIL_UPDATE_GOLDEN") == "1" or not path.exists():
-        path.write_text(text)
-        if os.environ.get("COIL_UPDATE_GOLDEN") != "1":
-            pytest.fail(f"wrote missing golden file {path}; check it in")
-    assert text == path.read_text(), f"generated code for {case} changed; see {path}"
+    matches_golden(text, path, f"generated code for {case}")

@@ -6,7 +6,6 @@ ahead-of-time build. Regenerate with ``COIL_UPDATE_GOLDEN=1 pytest tests/test_go
 after checking that the new code is what you meant."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import coil  # noqa: E402
 from coil import plugins  # noqa: E402
 from coil_cuda_triton import mathlib  # noqa: E402
 from coil_cuda_triton.backend import TritonBackend  # noqa: E402
+from helpers import matches_golden  # noqa: E402
 
 GOLDEN = Path(__file__).with_name("golden") / "triton"
 
@@ -69,8 +69,4 @@ def test_generated_triton_matches_golden(case, monkeypatch):
     assert recorded, "no kernel reached the Triton backend"
     text = "\n\n".join(recorded) + "\n"
     path = GOLDEN / f"{case}.py"
-    if os.environ.get("COIL_UPDATE_GOLDEN") == "1" or not path.exists():
-        path.write_text(text)
-        if os.environ.get("COIL_UPDATE_GOLDEN") != "1":
-            pytest.fail(f"wrote missing golden file {path}; check it in")
-    assert text == path.read_text(), f"generated Triton for {case} changed; see {path}"
+    matches_golden(text, path, f"generated Triton for {case}")

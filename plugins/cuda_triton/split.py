@@ -62,7 +62,7 @@ def splits(kw: "KernelWriter") -> int:
     if not (xn.is_number and rn.is_number):
         return 1
     xn, rn = int(xn), int(rn)
-    rows = xn == 1 or not kw.x_contiguous
+    rows = _rows(kw)
     if rows and xn > 1 and rn < LEAST_STRIDED_ROW:
         return 1
     loops = k.loops
