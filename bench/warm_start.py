@@ -110,9 +110,12 @@ def _coil_share(backend: str) -> Iterator[dict[str, Any]]:
         finally:
             share["coil_s"] += time.perf_counter() - t0
 
+    reports: list[Any] = []
+
     def observe(report: Any) -> None:
         share["graphs"] += 1
         share["cached"] += bool(report.cached)
+        reports.append(report)
 
     coil.backend.compile_graph = timed  # the name the Dynamo backend calls
     add_observer(observe)
@@ -123,6 +126,11 @@ def _coil_share(backend: str) -> Iterator[dict[str, Any]]:
         coil.backend.compile_graph = inner
         remove_observer(observe)
         share["cache"] = (cachestats.snapshot() - before).summary()
+        stages: dict[str, float] = {}  # per stage over every graph; first-run stages included
+        for report in reports:          # once the first call has run (it has, by now)
+            for stage, seconds in report.stage_seconds.items():
+                stages[stage] = round(stages.get(stage, 0.0) + seconds, 4)
+        share["stages"] = stages
 
 
 def child(args: argparse.Namespace) -> None:

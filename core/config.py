@@ -146,6 +146,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "COIL_TRITON_COMPILE_WORKERS": "coil_cuda_triton: processes building Triton kernels (0: in-process)",
     "COIL_TEST_DEVICE": "tests: the device the differential tests run on",
     "COIL_TEST_BACKEND": "tests: 'triton' routes the cpu device to the interpreted Triton plugin",
+    "COIL_TEST_OWN_CACHE": "tests/conftest.py: set by the suite itself, each test process makes its own cache",
     "COIL_TEST_WORLD": "tests/test_distributed.py: processes per distributed job (one GPU each with cuda)",
     "COIL_OPINFO_BACKEND": "tests/test_opinfo.py: the torch.compile backend under test",
     "COIL_OPINFO_FULL": "tests/test_opinfo.py: every sample of every op",

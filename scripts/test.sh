@@ -13,14 +13,16 @@ if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 status=0
-# the slowest tests, so CI's time (kept well under 30 minutes) stays visible
-.venv/bin/python -m pytest -q --durations=15 || status=$?
+# Two pytest-xdist workers (CI's machine has two cores; each worker keeps its own Coil
+# cache, see tests/conftest.py), and the slowest tests listed, so CI's time (kept well under
+# 30 minutes) stays visible.
+.venv/bin/python -m pytest -q -n 2 --durations=15 || status=$?
 
 triton_cache=$(mktemp -d -t coil-triton-pass.XXXXXX)
 trap 'rm -rf "$triton_cache"' EXIT
 echo "coil: differential tests through the Triton plugin (interpreted), then AOT for sm_90" >&2
 COIL_CACHE_DIR="$triton_cache" COIL_TEST_BACKEND=triton TRITON_INTERPRET=1 \
-  .venv/bin/python -m pytest -q -p no:logging tests/test_compile.py tests/test_training.py tests/test_opinfo.py tests/test_loop_order.py tests/test_conv_bias.py \
+  .venv/bin/python -m pytest -q -n 2 -p no:logging tests/test_compile.py tests/test_training.py tests/test_opinfo.py tests/test_loop_order.py tests/test_conv_bias.py \
   || status=$?
 env -u TRITON_INTERPRET .venv/bin/python -m coil_cuda_triton.aot "$triton_cache" || status=$?
 exit "$status"

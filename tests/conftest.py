@@ -12,7 +12,13 @@ if not os.path.exists("/dev/nvidiactl"):
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-os.environ.setdefault("COIL_CACHE_DIR", tempfile.mkdtemp(prefix="coil-test-cache-"))
+# A fresh cache per test process unless the caller names one (the interpreted pass does, to
+# build its kernels ahead of time afterwards). pytest-xdist's workers (CI runs two) inherit
+# the controller's environment: each makes its own, so a test that counts compiles never
+# sees its neighbour's entries.
+if "COIL_CACHE_DIR" not in os.environ or os.environ.get("COIL_TEST_OWN_CACHE"):
+    os.environ["COIL_TEST_OWN_CACHE"] = "1"
+    os.environ["COIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="coil-test-cache-")
 
 #: ``COIL_TEST_DEVICE=cuda`` makes new tensors CUDA tensors by default, so the differential
 #: tests (``tests/test_compile.py``, ``tests/test_training.py``) run on the GPU, through the
