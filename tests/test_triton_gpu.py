@@ -68,7 +68,8 @@ def test_auto_capture_skips_training_and_large_kernels():
     with torch.no_grad():  # one large kernel: the launch is not the bottleneck, the copies cost
         big = torch.randn(8192, 8192, device="cuda")
         rep = coil.explain(lambda t: t * 2 + 1, big)
-        assert "not used" in str(rep.graphs[0].capture), str(rep.graphs[0].capture)
+        note = str(rep.graphs[0].capture)  # GPU-bound: neither recorded nor timed
+        assert "not used: the GPU is busy" in note, note
         torch.testing.assert_close(rep.result, big * 2 + 1)
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
+import traceback
 from typing import Callable, Sequence
 
 import coil.sdk as sdk
@@ -60,6 +62,16 @@ class TuneCache:
         self.store.write(key, ".json", json.dumps(data, indent=1).encode())
 
 
+def _failed(cfg: Config, exc: Exception) -> str:
+    """Logs a candidate that failed, with where it failed (the innermost frame), and returns
+    the line for the error raised when every candidate fails."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
+    line = f"{cfg}: {type(exc).__name__}: {exc}{where}"
+    log.info("coil: config %s", line)
+    return line
+
+
 def select(configs: Sequence[Config], run: Callable[[Config], Callable[[], None]],
            bench: Callable[[Callable[[], None]], float]) -> tuple[Config, dict[str, float]]:
     """The fastest configuration: ``run(cfg)`` gives a no-argument launch, ``bench`` times it
@@ -71,8 +83,7 @@ def select(configs: Sequence[Config], run: Callable[[Config], Callable[[], None]
         try:
             ms = bench(run(cfg))
         except Exception as exc:  # e.g. out of shared memory or registers for this config
-            log.info("coil: config %s failed: %s", cfg, exc)
-            failures.append(f"{cfg}: {type(exc).__name__}: {exc}")
+            failures.append(_failed(cfg, exc))
             continue
         timings[str(cfg)] = ms
         if best is None or ms < best[0]:
@@ -101,8 +112,7 @@ def select_interleaved(configs: Sequence[Config], run: Callable[[Config], Callab
             call()
             calls[cfg] = call
         except Exception as exc:  # e.g. out of shared memory or registers for this config
-            log.info("coil: config %s failed: %s", cfg, exc)
-            failures.append(f"{cfg}: {type(exc).__name__}: {exc}")
+            failures.append(_failed(cfg, exc))
     if not calls:
         raise sdk.KernelCompileError("<autotune>", "every candidate configuration failed:\n" + "\n".join(failures))
     first, tries, t0 = next(iter(calls.values())), 0, time.perf_counter()
