@@ -336,11 +336,11 @@ def main(argv: list[str] | None = None) -> None:
                           f"warm {_cell(_median(r['warm'], 'seconds'))} s, "
                           f"remote {_cell(_median(r['remote'], 'seconds'))} s", file=sys.stderr, flush=True)
                 rows.append((target[1], result))
+                if args.json_out:  # after every target: a run cut short keeps what it measured
+                    with open(args.json_out, "w") as f:
+                        json.dump({"args": {k: (sorted(v) if isinstance(v, set) else v)
+                                            for k, v in vars(args).items()}, "rows": rows}, f, indent=1)
     print("\n".join(table(rows, backends)))
-    if args.json_out:
-        with open(args.json_out, "w") as f:
-            json.dump({"args": {k: (sorted(v) if isinstance(v, set) else v) for k, v in vars(args).items()},
-                       "rows": rows}, f, indent=1)
 
 
 @contextmanager
