@@ -290,15 +290,19 @@ def test_triton_precompile_reports_pool_and_in_process_builds(monkeypatch):
     class Launcher:
         debug = False
 
-        def __init__(self, name: str, configs: int) -> None:
+        def __init__(self, name: str, configs: int, indexed: int = 0) -> None:
             self.src = types.SimpleNamespace(name=name, params=[], types=[], shape="", buffers=[])
             self.configs = [_Config(w) for w in range(configs)]
+            self.indexed = set(self.configs[:indexed])  # in Coil's build index: loaded, not built
             self.built = False
             self.counted: set = set()
             self.here: list = []  # configurations built in this process, from the pool's queue
 
         def binary(self, cfg) -> None:
             self.here.append(cfg)
+
+        def load_indexed(self, cfg) -> bool:
+            return cfg in self.indexed
 
         def to_build(self):
             return self.configs
@@ -311,11 +315,13 @@ def test_triton_precompile_reports_pool_and_in_process_builds(monkeypatch):
     workers = [_Worker(), _Worker()]
     monkeypatch.setattr(compile_pool, "_serving", lambda: workers)
     monkeypatch.setattr(compile_pool, "_live", lambda: workers)
-    launchers = [Launcher("k_a", 2), Launcher("k_b", 1), Launcher("k_old", 3)]
+    launchers = [Launcher("k_a", 2), Launcher("k_b", 1), Launcher("k_old", 3), Launcher("k_warm", 2, indexed=2)]
     seen: list[tuple[int, int]] = []
     with listening(lambda done, total: seen.append((done, total))):
-        triton_backend.TritonBackend()._precompile(launchers, "/tmp/k.py", {"k_a", "k_b"})
-    # k_old's function is not in this file: 3 jobs, shared by the workers and this thread
+        triton_backend.TritonBackend()._precompile(launchers, "/tmp/k.py", {"k_a", "k_b", "k_warm"})
+    # k_old's function is not in this file, k_warm's builds are in the index: 3 jobs, shared
+    # by the workers and this thread
     assert sum(len(w.jobs) for w in workers) + sum(len(la.here) for la in launchers) == 3
+    assert not launchers[3].here and not any(job[1]["name"] == "k_warm" for w in workers for job in w.jobs)
     assert all(la.built for la in launchers)
-    assert sorted(seen) == seen and seen[-1] == (3, 3) and len(seen) == 3, seen
+    assert sorted(seen) == seen and seen[-1] == (4, 4) and len(seen) == 4, seen

@@ -68,8 +68,8 @@ def test_auto_capture_skips_training_and_large_kernels():
     with torch.no_grad():  # one large kernel: the launch is not the bottleneck, the copies cost
         big = torch.randn(8192, 8192, device="cuda")
         rep = coil.explain(lambda t: t * 2 + 1, big)
-        note = str(rep.graphs[0].capture)  # GPU-bound: neither recorded nor timed
-        assert "not used: the GPU is busy" in note, note
+        note = str(rep.graphs[0].capture)  # GPU-bound (its launch is some 50 µs against 0.1 ms of
+        assert "not used" in note, note     # GPU work: either test of graphs.py may turn it down)
         torch.testing.assert_close(rep.result, big * 2 + 1)
 
 

@@ -47,9 +47,11 @@ def signature(src: KernelSource, reduction: bool) -> dict[str, str]:
 
 
 def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, aligned: bool = True,
-                debug: bool = False, on_cache: Callable[[bool], None] | None = None) -> Any:
+                debug: bool = False, on_cache: Callable[[bool], None] | None = None,
+                cached_only: bool = False) -> Any:
     """``triton.compile`` of one configuration (``target``: None for the current GPU);
-    ``on_cache(hit)`` learns whether Triton's disk cache held the binary."""
+    ``on_cache(hit)`` learns whether Triton's disk cache held the binary. ``cached_only``:
+    only what Coil's build index finds (None when it finds nothing), never a compile."""
     import triton
     from triton.compiler import ASTSource
     reduction = has_rblock(src)
@@ -67,6 +69,8 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
             if on_cache is not None:
                 on_cache(True)
             return built
+    if cached_only:
+        return None
     with _listening(on_cache):
         built = triton.compile(ast, target=target, options=options)
     if indexed is not None:
@@ -139,6 +143,16 @@ class Launcher:
                               on_cache=None if counted else count_build)
             self._binaries[(cfg, aligned)] = got
         return got
+
+    def load_indexed(self, cfg: Config) -> bool:
+        """Whether the aligned build of ``cfg`` is loaded, from Coil's build index if this
+        launcher lacked it (a warm cache: no compile worker need be asked)."""
+        if (cfg, True) not in self._binaries:
+            got = compile_for(self.fn, self.src, cfg, debug=self.debug, on_cache=count_build, cached_only=True)
+            if got is None:
+                return False
+            self._binaries[(cfg, True)] = got
+        return True
 
     def built(self) -> list[Any]:
         """The binaries built so far (``triton.compile`` results)."""
