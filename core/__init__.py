@@ -8,6 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from . import config
+from .host import CoilHost
+from .plugins import register_backend_for_device
+from .sdk import host as _sdk_host
+
+# the SDK's tools that drive the compiler (the conformance kit, `coil cache export|import`)
+# reach it through coil.sdk.host, as the SDK imports nothing of the core
+_sdk_host.register(CoilHost())
 
 __version__ = "0.1.0"
 
@@ -25,7 +32,4 @@ def __getattr__(name: str) -> Any:
     if name == "cache":  # coil.cache: save_artifacts / load_artifacts
         import importlib
         return importlib.import_module(".cache", __name__)
-    if name == "register_backend_for_device":
-        from .plugins import register_backend_for_device
-        return register_backend_for_device
     raise AttributeError(name)

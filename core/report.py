@@ -4,8 +4,9 @@ peak memory, compile seconds by stage, and the caches' hits and misses per layer
 kernel, autotune; remote ones too) — as text for people and fields for tests."""
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -67,16 +68,25 @@ class ExplainReport:
         return f"{text}\n== caches: {self.cache.summary()}"
 
 
-def explain(fn: Callable[..., Any], *args: Any, dynamic: bool | None = False, **kwargs: Any) -> ExplainReport:
-    """Compile ``fn`` with Coil (fresh Dynamo state), call it on ``args``, and report."""
+@contextlib.contextmanager
+def recording() -> Iterator[ExplainReport]:
+    """Collect the report of every graph Coil compiles inside the block (forward and
+    backward graphs alike); the conformance kit records through this
+    (``coil.sdk.host.Host.recording``)."""
     report = ExplainReport()
     add_observer(report.graphs.append)
-    before = cachestats.snapshot()
     try:
+        yield report
+    finally:
+        remove_observer(report.graphs.append)
+
+
+def explain(fn: Callable[..., Any], *args: Any, dynamic: bool | None = False, **kwargs: Any) -> ExplainReport:
+    """Compile ``fn`` with Coil (fresh Dynamo state), call it on ``args``, and report."""
+    before = cachestats.snapshot()
+    with recording() as report:
         torch._dynamo.reset()
         compiled = torch.compile(fn, backend="coil", dynamic=dynamic)
         report.result = compiled(*args, **kwargs)
-    finally:
-        remove_observer(report.graphs.append)
-        report.cache = cachestats.snapshot() - before
+    report.cache = cachestats.snapshot() - before
     return report

@@ -4,7 +4,12 @@ A plugin imports only this module. It provides device backends through the hooks
 :mod:`coil.sdk.hookspecs` (decorate implementations with :data:`hookimpl`), subclasses
 :class:`DeviceBackend` and :class:`Scheduling`, and reads the kernel IR types re-exported
 here. ``API_VERSION`` follows semantic versioning (a new major version breaks plugins); its
-history and the compatibility policy are in :mod:`coil.sdk.versions`."""
+history and the compatibility policy are in :mod:`coil.sdk.versions`.
+
+The SDK is the layer beneath Coil's compiler and imports none of it: the knobs
+(:mod:`coil.sdk.config`) and the plugin registry (:mod:`coil.sdk.registry`) are the SDK's,
+and its tools that drive the compiler (the conformance kit, ``coil cache export|import``)
+reach it through :mod:`coil.sdk.host`."""
 from __future__ import annotations
 
 import importlib
@@ -22,12 +27,12 @@ _LAZY = {
     "ScanNode": "coil.sdk.ir", "ScatterNode": "coil.sdk.ir", "Value": "coil.sdk.ir", "walk": "coil.sdk.ir",
     "loads": "coil.sdk.ir",
     "Kernel": "coil.sdk.kernel", "KernelNode": "coil.sdk.kernel", "Loop": "coil.sdk.kernel",
-    "POINTWISE_OPS": "coil.sdk.ops", "register_backend_for_device": "coil.plugins",
+    "POINTWISE_OPS": "coil.sdk.ops", "register_backend_for_device": "coil.sdk.registry",
     "ExprPrinter": "coil.sdk.symbolic", "FloorDiv": "coil.sdk.symbolic", "ModIdx": "coil.sdk.symbolic",
     "Capabilities": "coil.sdk.backend", "Check": "coil.sdk.backend", "DeviceBackend": "coil.sdk.backend",
     "Scheduling": "coil.sdk.backend", "CodeWriter": "coil.sdk.codewriter",
     "hookimpl": "coil.sdk.hookspecs", "ReferenceBackend": "coil.sdk.reference",
-    "DiskCache": "coil.sdk.diskcache",
+    "DiskCache": "coil.sdk.diskcache", "cache_dir": "coil.sdk.diskcache",
     "Template": "coil.sdk.templates", "TemplateConfig": "coil.sdk.templates",
     "GemmProblem": "coil.sdk.templates", "Operand": "coil.sdk.templates",
     "TemplateCall": "coil.sdk.kernel",
@@ -45,16 +50,6 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(__all__)
-
-
-def cache_dir(subdir: str) -> str:
-    """A folder under ``COIL_CACHE_DIR`` (created) where a plugin keeps its on-disk cache."""
-    import os
-
-    from coil import config
-    path = os.path.join(config.current().cache_dir, subdir)
-    os.makedirs(path, exist_ok=True)
-    return path
 
 
 __all__ = [

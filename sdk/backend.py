@@ -8,6 +8,8 @@ from typing import Any, ClassVar, Literal, Sequence
 
 import torch
 
+from . import knobs
+
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
@@ -134,13 +136,11 @@ class DeviceBackend:
     def options(self) -> Any:
         """The ``Options`` instance in force for the compile in progress (None without
         ``Options``). Read it while compiling; an instance may change between compiles."""
-        from coil import config
-        return config.backend_options(self)
+        return knobs.backend_options(self)
 
     def options_key(self) -> str:
         """``self.options`` as a stable string, for on-disk cache keys."""
-        from coil import config
-        return config.options_key(self.options)
+        return knobs.options_key(self.options)
 
     def compile(self, kernels: Sequence[Any], graph_name: str) -> Any:
         raise NotImplementedError

@@ -2,16 +2,16 @@
 (:mod:`coil.sdk.diskcache`) holds per namespace against its size cap, its hits and misses
 per layer (:mod:`coil.sdk.cachestats`) and, with a remote cache configured, what Redis holds
 under Coil's prefix; emptying both; and moving the local cache to another machine as a
-bundle of artifacts (:mod:`coil.cache`). Registered in ``coil.cli``."""
+bundle of artifacts (the compiler's ``coil.cache``, reached through :mod:`coil.sdk.host`).
+Registered in ``coil.cli``."""
 from __future__ import annotations
 
 import argparse
 import datetime
 import os
 import sys
-from typing import Any
 
-from . import cachestats
+from . import cachestats, host, knobs, remotecache
 from .diskcache import clear, max_bytes, namespaces, stats, unmanaged
 from .errors import ConfigError
 
@@ -44,10 +44,8 @@ def _human(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from coil import config
-
     try:
-        root, cap = config.current().cache_dir, max_bytes()
+        root, cap = knobs.current().cache_dir, max_bytes()
     except ConfigError as exc:
         print(f"coil cache: {exc}", file=sys.stderr)
         return 2
@@ -84,13 +82,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _remote() -> Any:
-    from .remotecache import current
-    return current()
-
-
 def _remote_stats() -> None:
-    remote = _remote()
+    remote = remotecache.current()
     if remote is None:
         return
     print()
@@ -105,7 +98,7 @@ def _remote_stats() -> None:
 def _clear(root: str, only: list[str], local_only: bool) -> int:
     known = [ns.name for ns in namespaces(root)]
     unknown = [n for n in only if n not in known]
-    remote = None if local_only else _remote()
+    remote = None if local_only else remotecache.current()
     if unknown and remote is None:
         print(f"coil cache clear: no namespace {', '.join(map(repr, unknown))} under {root}; "
               f"managed namespaces: {', '.join(known) or '(none)'}", file=sys.stderr)
@@ -126,16 +119,16 @@ def _clear(root: str, only: list[str], local_only: bool) -> int:
 
 
 def _transfer(command: str, file: str, root: str) -> int:
-    from coil import cache
+    compiler = host.current()
     if command == "export":
-        data = cache.export_cache()
+        data = compiler.export_cache()
         with open(file, "wb") as f:
             f.write(data)
         print(f"wrote {_human(len(data))} of cached entries from {root} to {file}")
         return 0
     try:
         with open(file, "rb") as f:
-            summary = cache.load_artifacts(f.read())
+            summary = compiler.load_artifacts(f.read())
     except (OSError, ValueError) as exc:
         print(f"coil cache import: {exc}", file=sys.stderr)
         return 2

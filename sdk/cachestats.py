@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Literal, Mapping
 
+from . import knobs
+
 log = logging.getLogger(__name__)
 
 #: The layers ``coil.explain`` and ``coil cache stats`` show, in this order; a namespace
@@ -141,8 +143,7 @@ def count(layer: str, namespace: str, event: Event, n: int = 1, *, root: str | o
 
 
 def _default_root() -> str:
-    from coil import config
-    return config.current().cache_dir
+    return knobs.current().cache_dir
 
 
 def _norm(root: str | os.PathLike[str]) -> str:

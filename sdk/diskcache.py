@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Literal
 
-from . import cachestats
+from . import cachestats, knobs
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +74,17 @@ _last_sweep: dict[Path, float] = {}  # cache root -> time.monotonic() of this pr
 used: dict[tuple[str, str, str], bool] = {}
 
 
+def cache_dir(subdir: str) -> str:
+    """A folder under ``COIL_CACHE_DIR`` (created) where a plugin keeps its on-disk cache."""
+    path = os.path.join(knobs.current().cache_dir, subdir)
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
 def max_bytes() -> int:
     """The cap on the total size of the managed namespaces: the ``cache_max_bytes`` knob of
     the configuration in force (``COIL_CACHE_MAX_BYTES``, default 2 GiB; checked there)."""
-    from coil import config
-    return config.current().cache_max_bytes
+    return knobs.current().cache_max_bytes
 
 
 # ----------------------------------------------------------------------------- entries
@@ -161,7 +167,6 @@ class DiskCache:
     def in_namespace(cls, namespace: str, *, fanout: bool = False, max_bytes: int | None = None,
                      layer: str = "other") -> DiskCache:
         """The namespace ``namespace`` under the configured ``COIL_CACHE_DIR``."""
-        from coil.sdk import cache_dir
         return cls(cache_dir(namespace), fanout=fanout, max_bytes=max_bytes, layer=layer)
 
     @property

@@ -40,6 +40,12 @@ POINTWISE_OPS: dict[str, int] = {
     "rand": 2, "randn": 2,
 }
 
+#: ``randint``'s bounds for the seed the ``rand``/``randn`` ops of a graph take: every int64 but
+#: the largest (its high end is exclusive). The core draws one seed per device and call,
+#: ``torch.randint(SEED_LOW, SEED_HIGH, ())`` on the device's default generator, so a kernel's
+#: random numbers are reproducible under ``torch.manual_seed``.
+SEED_LOW, SEED_HIGH = -2**63, 2**63 - 1
+
 
 #: Ops whose result IEEE 754 defines exactly (correctly rounded or exact), so every device and
 #: every code path (scalar, vector, a loop's tail) computes the same bits. The others call a

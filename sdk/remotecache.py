@@ -34,6 +34,7 @@ import time
 from typing import Iterator, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from . import knobs
 from .redisclient import Client
 
 log = logging.getLogger(__name__)
@@ -195,8 +196,7 @@ _remotes: dict[str, RemoteCache] = {}
 
 def current() -> RemoteCache | None:
     """The remote cache the configuration in force names (one per URL and process)."""
-    from coil import config
-    url = config.current().remote_cache
+    url = knobs.current().remote_cache
     if not url:
         return None
     remote = _remotes.get(url)

@@ -138,6 +138,19 @@ HISTORY: tuple[Release, ...] = (
         Change("closed sets typed: ReductionType, ScanCombine and ExternKind (coil.sdk.ir), "
                "Level (coil.sdk.kernel) as Literal types"),
     )),
+    Release("0.15.0", (
+        Change("the SDK imports nothing of the core: the knobs are the SDK's own, "
+               "coil.sdk.config (what coil.config was; coil.config re-exports it) over "
+               "coil.sdk.knobs (the knobs and the configuration in force, beneath the "
+               "registry), and so is the plugin registry, coil.sdk.registry (what "
+               "coil.plugins was: registry(), reset(), Registry, PluginInfo)"),
+        Change("coil.sdk.host: the compiler's operations the conformance kit and "
+               "`coil cache export|import` call (Host: compile_fx, recording, export_cache, "
+               "load_artifacts; the report protocols CompileReport, GraphInfo, KernelInfo, "
+               "FallbackInfo), registered by the compiler when coil is imported"),
+        Change("coil.sdk.diskcache.cache_dir (what coil.sdk.cache_dir is); coil.sdk.ops.SEED_LOW "
+               "and SEED_HIGH, the bounds of the seed a graph's rand/randn ops draw"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -16,6 +16,7 @@ import coil
 import coil.sdk as sdk
 from coil import config, plugins
 from coil.errors import ConfigError
+from coil.sdk import knobs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -231,7 +232,7 @@ def test_cache_dir_expands_home_and_variables_and_becomes_absolute(env, tmp_path
 
 @pytest.fixture
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(config, "_warned", set())
+    monkeypatch.setattr(knobs, "_warned", set())
     plugins.reset()
     yield
     plugins.reset()
@@ -239,13 +240,13 @@ def fresh_warnings(monkeypatch):
 
 def _unknown_warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "coil.config" and "reads it" in r.getMessage()]
+            if r.name == "coil.sdk.knobs" and "reads it" in r.getMessage()]
 
 
 def test_unknown_variable_is_reported_once_with_the_closest_name(env, fresh_warnings, caplog):
     env("COIL_MAX_FUSOIN_SIZE", "8")
     env("COIL_CPU_CPP_EXTRA_CFLAG", "-O1")  # a plugin option, misspelled
-    with caplog.at_level(logging.WARNING, logger="coil.config"):
+    with caplog.at_level(logging.WARNING, logger="coil.sdk.knobs"):
         plugins.registry()
         plugins.reset()
         plugins.registry()
@@ -261,7 +262,7 @@ def test_known_variables_do_not_warn(env, fresh_warnings, caplog):
     env("COIL_CPU_CPP_EXTRA_CFLAGS", "")
     env("COIL_CHECK", "0")
     env("COIL_CACHE_MAX_BYTES", "1G")
-    with caplog.at_level(logging.WARNING, logger="coil.config"):
+    with caplog.at_level(logging.WARNING, logger="coil.sdk.knobs"):
         plugins.registry()
     assert not _unknown_warnings(caplog)
 

@@ -257,7 +257,7 @@ def test_installed_plugin_replacing_a_device_backend_is_announced(fresh_registry
     text, ok = doctor_report()
     assert ok and "cpu        served by vendor_cpu" in text
     assert "replaces the backend of 'cpu_cpp'" in text and "COIL_BLOCK_PLUGINS=vendor_cpu" in text
-    with caplog.at_level(logging.WARNING, logger="coil.plugins"):
+    with caplog.at_level(logging.WARNING, logger="coil.sdk.registry"):
         for n in (3, 4):
             torch._dynamo.reset()
             out = torch.compile(lambda x: x.exp() * 2, backend="coil")(torch.ones(n))

@@ -32,9 +32,10 @@ SNAPSHOT = Path(__file__).resolve().parent / "golden" / "sdk_surface.json"
 UPDATE = ".venv/bin/python tests/test_sdk_surface.py --update"
 
 #: The SDK's public modules besides the package itself (``coil.sdk.testing`` is the kit).
-MODULES = ("backend", "cachestats", "cache_command", "canonical", "codewriter", "diskcache",
-           "errors", "hookspecs", "ir", "kernel", "ops", "progress", "redisclient", "reference",
-           "remotecache", "scaffold", "symbolic", "templates", "versions")
+MODULES = ("backend", "cachestats", "cache_command", "canonical", "codewriter", "config",
+           "diskcache", "errors", "hookspecs", "host", "ir", "kernel", "knobs", "ops", "progress",
+           "redisclient", "reference", "registry", "remotecache", "scaffold", "symbolic",
+           "templates", "versions")
 
 
 # ----------------------------------------------------------------------------- describing

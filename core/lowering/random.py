@@ -33,6 +33,7 @@ import torch
 from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
+from ..ops import SEED_HIGH, SEED_LOW
 from .context import LoweringContext, require_capability
 from .misc import copy_of
 from .pointwise import check_dtype, compute_dtype
@@ -41,8 +42,6 @@ from .values import TensorValue, broadcast_to, cast, const, lazy, to_sympy
 
 aten = torch.ops.aten
 
-#: ``randint``'s bounds for the seed: every int64 but the largest (its high end is exclusive).
-SEED_LOW, SEED_HIGH = -2**63, 2**63 - 1
 #: dtypes ``rand``/``randn`` generate; float64 falls back (eager draws 53 bits for it).
 GENERATED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: Bits of a uniform number a half type holds exactly in [0, 1) (its significand).

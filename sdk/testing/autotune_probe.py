@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+from coil.sdk import registry
+
+from .routing import route
+
 
 def probe_function(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A row-wise normalisation and a column reduction: kernels any tuner has configs for."""
@@ -50,15 +54,12 @@ def measure(kit: Any) -> dict[str, Any]:
 
 def run(device_name: str, backend_spec: str | None) -> dict[str, Any]:
     """:func:`measure` in this (fresh) process, routing ``backend_spec`` first when given."""
-    from coil import plugins
-
     from .kit import Kit
-    from .routing import route
 
     device_type = device_name.partition(":")[0]
     if backend_spec:
         route(device_type, backend_spec)
-    return measure(Kit(torch.device(device_name), plugins.registry().backend_for(device_type)))
+    return measure(Kit(torch.device(device_name), registry.registry().backend_for(device_type)))
 
 
 def main(argv: list[str] | None = None) -> int:

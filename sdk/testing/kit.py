@@ -1,30 +1,24 @@
 """The device under test, as the kit's tests see it (the ``coil_kit`` fixture): make inputs on
 the CPU, copy them to the device, run the compiled function there, copy the result back and
-compare it with eager on the CPU; then read Coil's report of what it generated."""
+compare it with eager on the CPU; then read Coil's report of what it generated. The compiler
+is reached through :mod:`coil.sdk.host`."""
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, ContextManager, Sequence
 
 import pytest
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from coil.compile import GraphReport, KernelReport, add_observer, remove_observer
-from coil.report import ExplainReport
+from coil.sdk import host
+from coil.sdk.host import CompileReport, GraphInfo, KernelInfo
 
 
-@contextlib.contextmanager
-def recording() -> Iterator[ExplainReport]:
+def recording() -> ContextManager[CompileReport]:
     """Collect the report of every graph Coil compiles inside the block (forward and
     backward graphs alike)."""
-    report = ExplainReport()
-    add_observer(report.graphs.append)
-    try:
-        yield report
-    finally:
-        remove_observer(report.graphs.append)
+    return host.current().recording()
 
 
 class CountingCompiler:
@@ -34,9 +28,8 @@ class CountingCompiler:
         self.calls = 0
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Any:
-        from coil.backend import compile_fx
         self.calls += 1
-        return compile_fx(gm, example_inputs, **kwargs)
+        return host.current().compile_fx(gm, example_inputs, **kwargs)
 
 
 @dataclass(repr=False)
@@ -81,7 +74,7 @@ class Kit:
         return torch.compile(fn, backend="coil", dynamic=dynamic, mode=mode)
 
     def check(self, fn: Callable[..., Any], *cpu_args: Any, atol: float = 1e-5, rtol: float = 1e-5,
-              dynamic: bool | None = False, mode: str | None = None) -> ExplainReport:
+              dynamic: bool | None = False, mode: str | None = None) -> CompileReport:
         """Run ``fn`` eagerly on the CPU and compiled on the device; the outputs must be on the
         device and match. Returns Coil's report, with the device result in ``.result``."""
         expected = fn(*self.clone(cpu_args))
@@ -96,7 +89,7 @@ class Kit:
         return report
 
     def check_grads(self, fn: Callable[..., torch.Tensor], *cpu_args: Any, atol: float = 1e-5,
-                    rtol: float = 1e-4) -> ExplainReport:
+                    rtol: float = 1e-4) -> CompileReport:
         """Like :meth:`check` for a scalar loss, then ``backward()``: the gradient of every
         input that requires it must be on the device and match eager's."""
         cpu_leaves = self.clone(cpu_args)
@@ -128,10 +121,10 @@ class Kit:
         assert not wrong, f"outputs on {wrong}, expected every output on {self.device.type}"
 
     # -- reading the report --------------------------------------------------------------------
-    def device_kernels(self, report: ExplainReport | GraphReport) -> list[KernelReport]:
+    def device_kernels(self, report: CompileReport | GraphInfo) -> list[KernelInfo]:
         return [k for k in report.kernels if k.device == self.device.type]
 
-    def assert_kernels(self, report: ExplainReport, count: int | None = None) -> list[KernelReport]:
+    def assert_kernels(self, report: CompileReport, count: int | None = None) -> Sequence[KernelInfo]:
         """Every kernel is on the device, there is at least one, and ``count`` when given."""
         kernels = report.kernels
         elsewhere = [f"{k.name} [{k.device}]" for k in kernels if k.device != self.device.type]
@@ -144,7 +137,7 @@ class Kit:
         return kernels
 
     @staticmethod
-    def assert_no_fallbacks(report: ExplainReport) -> None:
+    def assert_no_fallbacks(report: CompileReport) -> None:
         reasons = [f"{f.op}: {f.reason}" for g in report.graphs for f in g.fallbacks
                    if f.kind == "fallback"]
         assert not reasons, "ops fell back to ATen instead of becoming kernels:\n  " + "\n  ".join(reasons)

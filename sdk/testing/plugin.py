@@ -16,10 +16,12 @@ from typing import Any, Iterator
 
 import pytest
 
+from coil.sdk import registry
 from coil.sdk.errors import CoilError
 
 from . import expected as _expected
 from . import tiers as _tiers
+from .routing import route
 
 KIT_DIR = Path(__file__).resolve().parent
 PACKAGE = __name__.rpartition(".")[0]
@@ -88,8 +90,6 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     config.pluginmanager.register(KitSession(opts), "coil-conformance-session")
     if opts.backend_spec:
-
-        from .routing import route
         try:
             opts.routing = route(opts.device_type, opts.backend_spec)
         except CoilError as exc:
@@ -182,8 +182,7 @@ def _mark_expected_failure(item: pytest.Item, opts: KitOptions) -> None:
 
 
 def _backend(opts: KitOptions) -> Any:
-    from coil import plugins
-    return plugins.registry().backends.get(opts.device_type)
+    return registry.registry().backends.get(opts.device_type)
 
 
 class KitSession:
@@ -241,8 +240,7 @@ def _coil_kit_session(request: pytest.FixtureRequest) -> Any:
     opts = options_of(request.config)
     backend = _backend(opts)
     if backend is None:
-        from coil import plugins
-        plugins.registry().backend_for(opts.device_type)  # raises NoBackendError, listing devices
+        registry.registry().backend_for(opts.device_type)  # raises NoBackendError, listing devices
     return Kit(torch.device(opts.device), backend, opts)
 
 

@@ -7,6 +7,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from coil.sdk import registry
 from coil.sdk.errors import CoilError
 
 
@@ -48,8 +49,7 @@ class Routing:
     previous: Any
 
     def undo(self) -> None:
-        from coil import plugins
-        reg = plugins.registry()
+        reg = registry.registry()
         if reg.manager.has_plugin(self.plugin_name):
             reg.manager.unregister(name=self.plugin_name)
         reg.plugins = [p for p in reg.plugins if p.name != self.plugin_name]
@@ -61,7 +61,6 @@ class Routing:
 
 def route(device_type: str, spec: str) -> Routing:
     """Serve ``device_type`` with ``factory()`` from ``spec`` for this run."""
-    from coil import plugins
     factory = load_factory(spec)
     try:
         backend = factory()
@@ -69,7 +68,7 @@ def route(device_type: str, spec: str) -> Routing:
         raise BackendSpecError(spec, f"the factory raised {type(exc).__name__}: {exc}") from exc
     if not hasattr(backend, "compile") or not hasattr(backend, "call_line"):
         raise BackendSpecError(spec, f"the factory returned {backend!r}, not a coil.sdk.DeviceBackend")
-    previous = plugins.registry().backends.get(device_type)
+    previous = registry.registry().backends.get(device_type)
     name = f"conformance:{spec}"
-    plugins.register_backend_for_device(device_type, backend, name=name)
+    registry.register_backend_for_device(device_type, backend, name=name)
     return Routing(device_type, name, previous)

@@ -12,6 +12,8 @@ import shlex
 import time
 from typing import Any
 
+from coil.sdk import registry
+
 from .tiers import TIERS, parse_tiers
 
 HELP = "run the conformance kit against a device and print a scorecard"
@@ -83,10 +85,8 @@ class ScoreCollector:
         self.backend_name = ""
 
     def pytest_sessionstart(self, session: Any) -> None:
-        from coil import plugins
-
         from .plugin import options_of
-        backend = plugins.registry().backends.get(options_of(session.config).device_type)
+        backend = registry.registry().backends.get(options_of(session.config).device_type)
         if backend is not None:
             self.backend_name = getattr(backend, "name", "") or type(backend).__name__
 

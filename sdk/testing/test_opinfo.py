@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from coil.sdk import host
 from coil.sdk.testing.kit import Kit
 from coil.sdk.testing.opinfo import DEFAULT_OPS, CountingBackend, run_op
 from coil.sdk.testing.plugin import OPINFO_FAILURE_PROPERTY, KitOptions, options_of
@@ -35,12 +36,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_opinfo(coil_kit: Kit, opinfo_op: str, request: pytest.FixtureRequest) -> None:
-    from coil.backend import compile_fx
     from coil.sdk.testing.opinfo_db import find_ops
 
     (op,) = [o for o in find_ops([opinfo_op], include_skipped=True) if o.full_name == opinfo_op]
     opts = options_of(request.config)
-    records = run_op(op, CountingBackend(compile_fx), num_samples=opts.opinfo_samples,
+    records = run_op(op, CountingBackend(host.current().compile_fx), num_samples=opts.opinfo_samples,
                      timeout_s=opts.opinfo_timeout, device=str(coil_kit.device))
     failures = [r for r in records if r.status.failed]
     if failures:

@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from coil.sdk.ops import SEED_HIGH, SEED_LOW
+from coil.sdk.reference import philox_rand
 from coil.sdk.testing.kit import Kit, recording
 
 pytestmark = pytest.mark.coil_tier("pointwise")
@@ -81,9 +83,6 @@ def test_random_numbers(coil_kit: Kit) -> None:
     graph's seed is its first draw from the device's generator), and dropout is one kernel
     whose kept elements are ``x * float32(1 / (1 - p))`` exactly."""
     coil_kit.require("random")
-    from coil.lowering.random import SEED_HIGH, SEED_LOW
-    from coil.sdk.reference import philox_rand
-
     p = 0.25
     x = coil_kit.to_device(torch.randn(64, 80) + 3.0)  # no zeros: dropped is exactly 0
     compiled = coil_kit.compile(lambda x: (torch.rand_like(x), F.dropout(x, p, training=True) * 2))

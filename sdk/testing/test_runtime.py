@@ -5,19 +5,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from coil.sdk import Capabilities, DeviceBackend, registry
 from coil.sdk.errors import NoBackendError
 from coil.sdk.testing.kit import CountingCompiler, Kit
+from coil.sdk.testing.plugin import options_of
 
 pytestmark = pytest.mark.coil_tier("runtime")
 
 
 def test_backend_is_registered(request: pytest.FixtureRequest) -> None:
-    from coil import plugins
-    from coil.sdk import Capabilities, DeviceBackend
-    from coil.sdk.testing.plugin import options_of
-
     device_type = options_of(request.config).device_type
-    reg = plugins.registry()
+    reg = registry.registry()
     assert device_type in reg.backends, (
         f"no backend serves {device_type!r}; served: {sorted(reg.backends)}; plugins that failed "
         f"to load: {[str(e) for e in reg.errors] or 'none'}")
@@ -67,10 +65,8 @@ def test_outputs_feed_the_next_call(coil_kit: Kit) -> None:
 
 
 def test_unknown_device_error_names_the_served_devices(coil_kit: Kit) -> None:
-    from coil import plugins
-
     with pytest.raises(NoBackendError) as info:
-        plugins.registry().backend_for("coil_conformance_no_such_device")
+        registry.registry().backend_for("coil_conformance_no_such_device")
     message = str(info.value)
     assert "coil_conformance_no_such_device" in message and coil_kit.device.type in message
     assert "register_backend_for_device" in message

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from coil import config
+from coil.sdk import config
 from coil.sdk.testing.kit import Kit
 
 pytestmark = pytest.mark.coil_tier("templates")
