@@ -25,7 +25,7 @@ from .lowering.context import FallbackRecord
 from .inplace import InplacePolicy
 from .memory import plan_memory
 from .conv_bias import split_conv_bias
-from .conv_layout import to_channels_last
+from .conv_layout import adopt_input_layouts, output_strides, saved_output_positions, to_channels_last
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
 from .scheduler import FusionDecision, schedule
@@ -70,6 +70,9 @@ class GraphReport:
     cached: bool = False
     #: Whether the graph is recorded and replayed (:mod:`coil.capture`), and why.
     capture: Any = None
+    #: A training forward graph whose saved activations are not laid out as traced
+    #: (channels-last convolutions): each output's strides, reported to AOTAutograd.
+    output_strides: list[tuple[int, ...] | None] | None = None
 
     @property
     def fallback_ops(self) -> list[str]:
@@ -179,8 +182,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     static = capture.static_input_indices()
     if collectives.in_graph(gm):  # recording runs a graph more than once: its collectives too
         config = collectives.without_capture(config)
+    if hit is not None and hit[1].output_strides is not None and not report_strides_possible():
+        hit = None  # its saved activations' layouts could not be reported: compile afresh
     if hit is not None:
         fn, report, modules = hit
+        report_output_strides(report.output_strides)
         fn = _first_call_timed(fn, report.stage_seconds, "first run")
         captured, report.capture = _captured(fn, config, kind, mutates, modules, example_inputs, static, reg)
         fn = _first_call_timed(captured, report.stage_seconds, "capture") if captured is not fn else fn
@@ -194,14 +200,20 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
     split_conv_bias(gm)
-    if kind == "inference":
-        to_channels_last(gm, lambda device: _capability(reg, device, "conv_channels_last", False))
+    strides = _lay_out_convolutions(gm, example_inputs, kind, reg)
+    if isinstance(strides, Exception):
+        return _eager_graph(gm, kind, strides)
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,
                                 templates.offers(reg, config.templates)).run()
     except LoweringError as exc:
+        report_output_strides(strides)  # the graph as rewritten runs in eager: its layouts
         return _eager_graph(gm, kind, exc)
+    if strides is not None:  # what the compiled graph returns (its outputs' layouts)
+        strides = [tuple(int(x) for x in o.layout.stride) if o.layout is not None else None
+                   for o in lowered.outputs]
+        report_output_strides(strides)
     collectives.mark(lowered)
     t1 = time.perf_counter()
     stages["lower"] = t1 - t0
@@ -259,7 +271,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
         len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace,
-        capture=capture_note)
+        capture=capture_note, output_strides=strides)
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
     if key is not None:
         graph_cache.store(key, report, wrapper, sched.steps, compiled_modules)
@@ -306,6 +318,45 @@ def _captured(fn: Callable[[list[Any]], Any], config: Config, kind: str, mutates
     (:mod:`coil.capture`), with the note ``coil.explain`` shows."""
     return capture.captured(fn, config.graph_capture, kind, mutates, modules, example_inputs, static,
                             lambda backend: reg.api_version(backend.device_type))
+
+
+def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
+                          reg: Any) -> list[tuple[int, ...] | None] | Exception | None:
+    """Channels-last convolutions (:mod:`coil.conv_layout`) where the device's backend prefers
+    them. Returns a training forward graph's output strides when its saved activations
+    changed layout (to report to AOTAutograd), or the exception that keeps a backward graph
+    whose inputs changed layout from being lowered."""
+    def prefers(device: torch.device) -> bool:
+        return bool(_capability(reg, device, "conv_channels_last", False))
+
+    if kind == "inference":
+        to_channels_last(gm, prefers)
+    elif kind == "forward":
+        saved = saved_output_positions(gm)  # nothing saved, or no way to report: eager's layouts
+        if saved and report_strides_possible() and to_channels_last(gm, prefers, saved):
+            return output_strides(gm)
+    elif kind == "backward":
+        try:
+            adopt_input_layouts(gm, list(example_inputs))
+        except Exception as exc:  # noqa: BLE001 - kernels would read the inputs with wrong strides
+            return LoweringError("the backward graph", f"the saved activations' layouts could not be propagated ({exc})")
+    return None
+
+
+def report_strides_possible() -> bool:
+    """Whether AOTAutograd is listening for the forward graph's output strides."""
+    context = torch._guards.TracingContext.try_get()
+    return context is not None and context.output_strides is not None
+
+
+def report_output_strides(strides: list[tuple[int, ...] | None] | None) -> None:
+    """Tell AOTAutograd the strides of the forward graph's outputs (the backward graph's
+    saved inputs are traced with them); nothing when ``strides`` is None."""
+    if strides is None:
+        return
+    context = torch._guards.TracingContext.try_get()
+    assert context is not None and context.output_strides is not None, "checked before the layouts changed"
+    context.output_strides[:] = list(strides)
 
 
 def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:

@@ -3,15 +3,22 @@
 cuDNN runs 2-D convolutions on tensor cores in NHWC; given NCHW tensors it transposes around
 each one or, for depthwise convolutions, falls back to a slow direct kernel (on the H200,
 EfficientNet-B0's depthwise convolutions took 1.9 ms per call in NCHW against 0.5 ms in
-NHWC). This pass gives every 2-D convolution of an inference graph channels-last input and
-weight (a ``clone`` in that memory format, which fuses into the kernel that produces or casts
-the operand), then propagates the new layouts through the graph with fake tensors, so the
+NHWC; ResNet-18's training step spent 2.0 ms in those transposes). This pass gives every 2-D
+convolution of an inference or training forward graph channels-last input and weight (a
+``clone`` in that memory format, which fuses into the kernel that produces or casts the
+operand), then propagates the new layouts through the graph with fake tensors, so the
 pointwise kernels between convolutions read and write channels-last too. Clones that the
-propagated layouts make redundant are dropped, and graph outputs keep eager's strides.
+propagated layouts make redundant are dropped.
 
-Driven by ``Capabilities.conv_channels_last`` of the device's backend. Static shapes and
-inference graphs only: a training graph's saved activations are laid out by the forward
-graph that AOTAutograd traced, which the backward graph's inputs must match."""
+Graph outputs keep eager's strides, except a training forward graph's saved activations
+(:func:`saved_output_positions`, from AOTAutograd's metadata), which only the backward graph
+reads: the core reports their strides to AOTAutograd (``TracingContext.output_strides``),
+which traces the backward graph's inputs with them, and :func:`adopt_input_layouts` then
+propagates those layouts through the backward graph before it is lowered. A backward graph
+that cannot be propagated is not lowered (it runs as traced, in eager), since its kernels
+would read the saved activations with the wrong strides.
+
+Driven by ``Capabilities.conv_channels_last`` of the device's backend. Static shapes only."""
 from __future__ import annotations
 
 import logging
@@ -25,8 +32,11 @@ aten = torch.ops.aten
 CL = torch.channels_last
 
 
-def to_channels_last(gm: torch.fx.GraphModule, prefers: Callable[[torch.device], bool]) -> int:
-    """Rewrite ``gm``'s 2-D convolutions to channels-last; returns how many."""
+def to_channels_last(gm: torch.fx.GraphModule, prefers: Callable[[torch.device], bool],
+                     free_outputs: frozenset[int] = frozenset()) -> int:
+    """Rewrite ``gm``'s 2-D convolutions to channels-last; returns how many. Outputs at the
+    positions ``free_outputs`` keep the layout the propagation gives them; the others are
+    copied back into eager's."""
     graph = gm.graph
     convs = [n for n in graph.nodes if n.op == "call_function" and n.target is aten.convolution.default
              and _is_4d(n.args[0]) and _is_4d(n.args[1]) and prefers(n.meta["val"].device)]
@@ -59,17 +69,68 @@ def to_channels_last(gm: torch.fx.GraphModule, prefers: Callable[[torch.device],
         if isinstance(src, torch.fx.Node) and _is_channels_last(src.meta.get("val")):
             clone.replace_all_uses_with(src)
             graph.erase_node(clone)
-    _keep_output_strides(graph, output, eager_outputs)
+    _keep_output_strides(graph, output, eager_outputs, free_outputs)
     graph.lint()
     gm.recompile()
     log.debug("%d convolutions in channels-last", len(convs))
     return len(convs)
 
 
-def _keep_output_strides(graph: torch.fx.Graph, output: torch.fx.Node, eager: dict[int, object]) -> None:
-    """Outputs whose layout the propagation changed are copied back into eager's (contiguous)."""
-    def fix(a: object) -> object:
-        if not isinstance(a, torch.fx.Node):
+def saved_output_positions(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """Positions among a training forward graph's outputs of the activations it saves for
+    the backward graph (AOTAutograd's ``fw_metadata``); empty when that cannot be told."""
+    context = torch._guards.TracingContext.try_get()
+    try:
+        where = context.fw_metadata.tensors_saved_for_backwards_slice  # type: ignore[union-attr]
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        outs = output.args[0]
+        if not isinstance(outs, (list, tuple)):
+            return frozenset()
+        return frozenset(range(len(outs))[where])
+    except Exception:  # noqa: BLE001 - another torch's metadata: no output may change layout
+        return frozenset()
+
+
+def output_strides(gm: torch.fx.GraphModule) -> list[tuple[int, ...] | None]:
+    """Each output's strides as the graph's metadata holds them (None: not a tensor)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in _flat(output.args[0])]
+    return [tuple(int(s) for s in v.stride()) if isinstance(v, torch.Tensor) else None for v in vals]
+
+
+def adopt_input_layouts(gm: torch.fx.GraphModule, example_inputs: list[object]) -> bool:
+    """Give a backward graph's placeholders the strides of ``example_inputs`` where they
+    differ (saved activations a forward graph laid out channels-last) and propagate them
+    through the graph; its outputs keep the strides they were traced with. Returns whether
+    anything changed; raises when the propagation fails."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    changed = False
+    for node, example in zip(placeholders, example_inputs):
+        traced = node.meta.get("val")
+        if (isinstance(traced, torch.Tensor) and isinstance(example, torch.Tensor)
+                and traced.stride() != example.stride()):
+            changed = True
+    if not changed:
+        return False
+    fake = torch._guards.detect_fake_mode([e for e in example_inputs if isinstance(e, torch.Tensor)])
+    if fake is None:
+        raise RuntimeError("the backward graph's inputs are not fake tensors")
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    traced_outputs = {id(a): a.meta.get("val") for a in _flat(output.args[0]) if isinstance(a, torch.fx.Node)}
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    FakeTensorProp(gm, fake).propagate_dont_convert_inputs(*example_inputs)
+    _keep_output_strides(gm.graph, output, traced_outputs, frozenset())
+    gm.graph.lint()
+    gm.recompile()
+    return True
+
+
+def _keep_output_strides(graph: torch.fx.Graph, output: torch.fx.Node, eager: dict[int, object],
+                         free: frozenset[int]) -> None:
+    """Outputs whose layout the propagation changed are copied back into eager's (contiguous),
+    but for those at the positions ``free``."""
+    def fix(position: int, a: object) -> object:
+        if not isinstance(a, torch.fx.Node) or position in free:
             return a
         before, after = eager.get(id(a)), a.meta.get("val")
         if (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor)
@@ -79,7 +140,11 @@ def _keep_output_strides(graph: torch.fx.Graph, output: torch.fx.Node, eager: di
             copy.meta["val"] = before
             return copy
         return a
-    output.args = (torch.fx.node.map_aggregate(output.args[0], fix),)
+    outs = output.args[0]
+    if isinstance(outs, (list, tuple)):
+        output.args = (type(outs)(fix(i, a) for i, a in enumerate(outs)),)
+    else:
+        output.args = (fix(0, outs),)
 
 
 def _undo(graph: torch.fx.Graph, clones: list[torch.fx.Node]) -> None:

@@ -224,7 +224,8 @@ def _report_fields(report: Any) -> dict[str, Any]:
         "kernels": [(k.name, k.device, k.source, tuple(k.ops), k.num_nodes, k.template) for k in report.kernels],
         "fallbacks": list(report.fallbacks), "peak_bytes": report.peak_bytes,
         "decisions": list(report.decisions), "num_inputs": report.num_inputs,
-        "symbolic": report.symbolic, "reused": report.reused, "inplace": report.inplace}
+        "symbolic": report.symbolic, "reused": report.reused, "inplace": report.inplace,
+        "output_strides": report.output_strides}
 
 
 def load(ticket: Ticket, reg: Any, kind: str, name: Callable[[], str]) -> tuple[Callable, Any, dict] | None:
@@ -313,7 +314,8 @@ def _report(entry: dict[str, Any], graph_name: str, kind: str, seconds: dict[str
         kernels.append(KernelReport(kname, device, source, ops, num_nodes, template, chosen))
     return GraphReport(graph_name, kind, kernels, fields["fallbacks"], fields["peak_bytes"], seconds,
                        fields["decisions"], entry["wrapper"], fields["num_inputs"], fields["symbolic"],
-                       fields["reused"], fields["inplace"], cached=True)
+                       fields["reused"], fields["inplace"], cached=True,
+                       output_strides=fields.get("output_strides"))
 
 
 __all__ = ["key_for", "load", "store", "KernelName", "Ticket", "NAMESPACE", "SUFFIX", "MAX_VARIANTS"]
