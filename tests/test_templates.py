@@ -324,3 +324,49 @@ def test_auto_builds_no_template_its_heuristic_declines_and_tune_measures_it(tem
             if measured:
                 assert [t.choice for t in backend._templates] in (["template"], ["library"])
     plugins.reset()
+
+
+@pytest.mark.parametrize("templates", [[NaiveTriton()]], indirect=True)
+def test_triton_library_side_clones_its_own_in_place_arguments(templates, tmp_path, monkeypatch):
+    """The library side of a measured template runs the epilogue as a kernel of its own,
+    whose arguments are not the template's: its tuning clones the positions of its own
+    buffers that it writes and reads. (It once took the template's positions: on the H200 an
+    IndexError dropped the library from DistilBERT's measurements; a position in range would
+    have cloned the wrong buffer.) Every kernel is made to report its last buffer as written
+    and read, so the two kernels' positions differ."""
+    pytest.importorskip("triton")
+    from coil_cuda_triton import backend as triton_backend
+    from coil_cuda_triton.testing import conformance_backend
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
+    real_mutated = triton_backend._mutated_args
+    monkeypatch.setattr(triton_backend, "_mutated_args",
+                        lambda k: sorted({*real_mutated(k), len(k.inputs) + len(k.outputs) - 1}))
+    w = torch.randn(40, 48, dtype=torch.float16)
+
+    def f(x, y):
+        return F.gelu(x @ w.t()) + torch.cumsum(y, -1)  # the cumsum's buffer: one more argument
+    x, y = torch.randn(60, 48, dtype=torch.float16), torch.randn(60, 40, dtype=torch.float16)
+    backend = conformance_backend()
+    coil.register_backend_for_device("cpu", backend, name="triton-tune-inplace")
+    kernels = []
+    real_compile = backend.compile
+    monkeypatch.setattr(backend, "compile", lambda ks, name: (kernels.extend(ks), real_compile(ks, name))[1])
+    failures = []
+    real_select = triton_backend.autotune.select
+
+    def select(configs, run, bench):
+        best, timings = real_select(configs, run, bench)
+        failures.extend(c for c in configs if str(c) not in timings)
+        return best, timings
+    monkeypatch.setattr(triton_backend.autotune, "select", select)
+    with torch.no_grad():
+        out = torch.compile(f, backend="coil", options={"templates": "tune"})(x, y)
+    torch.testing.assert_close(out, f(x, y), atol=2e-2, rtol=2e-2)
+    (k,) = [k for k in kernels if k.template is not None]
+    unfused = k.template.unfused
+    assert unfused is not None and len(unfused.args) != len(k.args)
+    (launcher,) = backend._templates
+    assert launcher.mutated == (len(k.inputs) + len(k.outputs) - 1,)
+    assert launcher.unfused.mutated == (len(unfused.inputs) + len(unfused.outputs) - 1,)
+    assert not failures  # every candidate that was measured ran
+    plugins.reset()

@@ -454,10 +454,18 @@ def test_inference_conv_nets_run_channels_last(backend):
     assert source.count("restride(") == source.count("if ")  # checks only, no copies planned
 
 
-def test_training_graphs_keep_eager_conv_layouts(backend):
+def test_training_graphs_lay_convolutions_out_channels_last(backend):
+    """The forward graph saves the convolution's output channels-last (reported to
+    AOTAutograd); the input's gradient keeps eager's layout and values."""
     import torch.nn as nn
     backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
-    report = coil.explain(lambda x: m(x).sum(), x)
-    assert "(512, 1, 64, 8)" not in report.graphs[0].wrapper_source
+    report = coil.explain(lambda x: m(x).square().sum(), x)
+    forward = next(g for g in report.graphs if g.kind == "forward")
+    assert "(512, 1, 64, 8)" in forward.wrapper_source and forward.output_strides is not None
+    report.result.backward()  # the backward graph compiles now, with the saved layouts
+    x2 = x.detach().clone().requires_grad_()
+    m(x2).square().sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+    assert x.grad.stride() == x2.grad.stride()

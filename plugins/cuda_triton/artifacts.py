@@ -29,7 +29,7 @@ from .codegen import KernelSource
 log = logging.getLogger(__name__)
 
 #: The form of ``TritonBackend.export_module``'s bytes; raise it when they change.
-EXPORT_FORMAT = "cuda_triton-module-2"
+EXPORT_FORMAT = "cuda_triton-module-3"
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,13 @@ class KernelPlan:
     mutated: tuple[int, ...]
     n_buffers: int
     template: TemplateSpec | None = None
+    #: A template kernel's library side: the positions to clone among its epilogue kernel's
+    #: own arguments (the second source), which are not the template's.
+    unfused_mutated: tuple[int, ...] = ()
+
+    def mutated_of(self, source: int) -> tuple[int, ...]:
+        """The argument positions tuning must clone for the ``source``-th function."""
+        return self.unfused_mutated if self.template is not None and source == 1 else self.mutated
 
 
 Target = tuple[str, Any, int]  # Triton's GPUTarget as a tuple: backend, arch, warp size

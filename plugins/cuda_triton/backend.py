@@ -142,7 +142,9 @@ class TritonBackend(sdk.DeviceBackend):
         parts = [self.generate(k) for k in kernels]
         readable = {k.name: "\n".join(s.source for s in srcs) for k, srcs in zip(kernels, parts)}
         plans = [KernelPlan(k.name, tuple(dedup.canonical(s) for s in srcs), tuple(_mutated_args(k)),
-                            len(k.inputs) + len(k.outputs), TemplateSpec.of(k) if k.template is not None else None)
+                            len(k.inputs) + len(k.outputs), TemplateSpec.of(k) if k.template is not None else None,
+                            tuple(_mutated_args(k.template.unfused))
+                            if k.template is not None and k.template.unfused is not None else ())
                  for k, srcs in zip(kernels, parts)]
         compiled = self._assemble(plans, readable, graph_name, list(kernels))
         if self.interpret:
@@ -162,8 +164,8 @@ class TritonBackend(sdk.DeviceBackend):
         """Every build the launchers of ``plans`` hold, as bytes."""
         out: dict[str, artifacts.Binary] = {}
         for plan in plans:
-            for src in plan.sources:
-                launcher = self._shared.get((src.name, plan.mutated))
+            for j, src in enumerate(plan.sources):
+                launcher = self._shared.get((src.name, plan.mutated_of(j)))
                 for built in (launcher.built() if launcher is not None else []):
                     binary = artifacts.Binary.of(built)
                     if binary is not None:
@@ -211,8 +213,8 @@ class TritonBackend(sdk.DeviceBackend):
         for i, plan in enumerate(plans):
             srcs = plan.sources
             launchers = []
-            for src in srcs:
-                key = (src.name, plan.mutated)
+            for j, src in enumerate(srcs):
+                key = (src.name, plan.mutated_of(j))
                 if key not in self._shared:
                     self._shared[key] = Launcher(
                         src, self._functions[src.name], interpret=self.interpret, mutated=key[1],
