@@ -200,7 +200,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
     split_conv_bias(gm)
-    strides = _lay_out_convolutions(gm, example_inputs, kind, reg)
+    strides = _lay_out_convolutions(gm, example_inputs, kind, reg, config.training_channels_last)
     if isinstance(strides, Exception):
         return _eager_graph(gm, kind, strides)
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
@@ -321,17 +321,19 @@ def _captured(fn: Callable[[list[Any]], Any], config: Config, kind: str, mutates
 
 
 def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
-                          reg: Any) -> list[tuple[int, ...] | None] | Exception | None:
+                          reg: Any, training: bool) -> list[tuple[int, ...] | None] | Exception | None:
     """Channels-last convolutions (:mod:`coil.conv_layout`) where the device's backend prefers
-    them. Returns a training forward graph's output strides when its saved activations
-    changed layout (to report to AOTAutograd), or the exception that keeps a backward graph
-    whose inputs changed layout from being lowered."""
+    them (forward graphs only with ``training``: the ``training_channels_last`` knob).
+    Returns a training forward graph's output strides when its saved activations changed
+    layout (to report to AOTAutograd), or the exception that keeps a backward graph whose
+    inputs changed layout from being lowered. A backward graph adopts its inputs' layouts
+    whatever the knob says (a cached forward graph may have saved them channels-last)."""
     def prefers(device: torch.device) -> bool:
         return bool(_capability(reg, device, "conv_channels_last", False))
 
     if kind == "inference":
         to_channels_last(gm, prefers)
-    elif kind == "forward":
+    elif kind == "forward" and training:
         saved = saved_output_positions(gm)  # nothing saved, or no way to report: eager's layouts
         if saved and report_strides_possible() and to_channels_last(gm, prefers, saved):
             return output_strides(gm)

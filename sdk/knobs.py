@@ -110,6 +110,11 @@ class Config:
     #: Replace hand-written attention (``softmax(q @ k.mT * scale + mask) @ v``) by one
     #: ``scaled_dot_product_attention`` call where the two are equivalent (:mod:`coil.attention`).
     attention_rewrite: bool = _knob(True)
+    #: Channels-last convolutions in training graphs too (saved activations included), where
+    #: the device's backend declares ``Capabilities.conv_channels_last`` (inference graphs
+    #: always). Off by default: its one measurement on the H200 made ResNet-18's bf16 training
+    #: step slower (25.8 ms against 16.2), not yet profiled.
+    training_channels_last: bool = _knob(False)
     #: Self-check mode: run every compiled graph beside eager and raise at the first output
     #: that differs.
     check: bool = _knob(False)

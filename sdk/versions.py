@@ -151,6 +151,11 @@ HISTORY: tuple[Release, ...] = (
         Change("coil.sdk.diskcache.cache_dir (what coil.sdk.cache_dir is); coil.sdk.ops.SEED_LOW "
                "and SEED_HIGH, the bounds of the seed a graph's rand/randn ops draw"),
     )),
+    Release("0.16.0", (
+        Change("Config.training_channels_last: Capabilities.conv_channels_last applies to "
+               "training graphs too (saved activations channels-last, their strides reported "
+               "to AOTAutograd); off by default"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -1,7 +1,8 @@
-"""Channels-last convolutions in training (``coil.conv_layout``): the forward graph saves its
-activations channels-last and reports their strides to AOTAutograd, the backward graph
-adopts them; gradients stay eager's. Run through the C++ plugin with
-``Capabilities.conv_channels_last`` turned on (the Triton plugin's setting on the GPU)."""
+"""Channels-last convolutions in training (``coil.conv_layout``, knob
+``training_channels_last``): the forward graph saves its activations channels-last and
+reports their strides to AOTAutograd, the backward graph adopts them; gradients stay eager's.
+Run through the C++ plugin with ``Capabilities.conv_channels_last`` turned on (the Triton
+plugin's setting on the GPU)."""
 from __future__ import annotations
 
 import copy
@@ -22,7 +23,8 @@ def channels_last_cpu():
     backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
     plugins.reset()
     coil.register_backend_for_device("cpu", backend, name="cpp-channels-last")
-    yield
+    with config.override(training_channels_last=True):
+        yield
     plugins.reset()
 
 
@@ -85,7 +87,14 @@ def test_training_saves_activations_channels_last_and_gradients_match(channels_l
 
 
 def test_without_the_capability_training_keeps_eager_layouts():
-    reports = _train(steps=1)
+    with config.override(training_channels_last=True):
+        reports = _train(steps=1)
+    assert all(r.output_strides is None for r in reports)
+
+
+def test_without_the_knob_training_keeps_eager_layouts(channels_last_cpu):
+    with config.override(training_channels_last=False):
+        reports = _train(steps=1)
     assert all(r.output_strides is None for r in reports)
 
 

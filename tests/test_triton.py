@@ -461,7 +461,8 @@ def test_training_graphs_lay_convolutions_out_channels_last(backend):
     backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
     m = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU())
     x = torch.randn(2, 3, 8, 8, requires_grad=True)
-    report = coil.explain(lambda x: m(x).square().sum(), x)
+    with coil.config.override(training_channels_last=True):
+        report = coil.explain(lambda x: m(x).square().sum(), x)
     forward = next(g for g in report.graphs if g.kind == "forward")
     assert "(512, 1, 64, 8)" in forward.wrapper_source and forward.output_strides is not None
     report.result.backward()  # the backward graph compiles now, with the saved layouts
