@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
 
 import sympy
 import torch
@@ -30,6 +30,7 @@ from coil.sdk.kernel import Kernel, KernelNode
 from coil.sdk.symbolic import FloorDiv, ModIdx
 
 from .backend import Capabilities, DeviceBackend
+from .codegen import INTEGER_IDENTITY_OPS, ValueScope, ValueVisitor, highest, lowest
 
 Tensor = torch.Tensor
 Index = Any  # a Python int or an int64 tensor
@@ -152,9 +153,6 @@ OPS: dict[str, Callable[..., Tensor]] = {
     "rand": philox_rand, "randn": philox_randn,
 }
 
-#: Rounding ops are the identity on integers.
-_INTEGER_IDENTITY = frozenset({"floor", "ceil", "round", "trunc"})
-
 
 def apply_op(name: str, args: list[Tensor], dtype: torch.dtype) -> Tensor:
     """``Op(name, args)`` with result type ``dtype``: computed in the operands' common type."""
@@ -162,7 +160,7 @@ def apply_op(name: str, args: list[Tensor], dtype: torch.dtype) -> Tensor:
         a, b = _promoted(args[1:])
         return torch.where(args[0].bool(), a, b).to(dtype)
     args = _promoted(args)
-    if name in _INTEGER_IDENTITY and not args[0].is_floating_point():
+    if name in INTEGER_IDENTITY_OPS and not args[0].is_floating_point():  # rounding an integer
         return args[0].to(dtype)
     return OPS[name](*args).to(dtype)
 
@@ -206,37 +204,34 @@ def eval_index(e: Any, env: Any) -> Index:
 # ----------------------------------------------------------------------------- values
 
 
-@dataclass
-class _Scope:
+class _Scope(ValueScope[Tensor]):
     """Values computed so far, bound indirect symbols and the mask in force; a ``Masked``
-    body gets a child scope, so values computed under a mask never leak out of it."""
+    body gets a child scope, so values computed under a mask never leak out of it. Values are
+    keyed by identity: the executor evaluates a tree exactly as built (``Const(0.0)`` and
+    ``Const(-0.0)`` are equal values)."""
 
-    env: dict[str, Index]
-    parent: "_Scope | None" = None
-    mask: Tensor | None = None
-    memo: dict[int, Tensor] = field(default_factory=dict)
-    symbols: dict[str, Tensor] = field(default_factory=dict)
+    def __init__(self, parent: _Scope | None = None, *, env: dict[str, Index] | None = None,
+                 mask: Tensor | None = None) -> None:
+        super().__init__(parent)
+        self.env: dict[str, Index] = env if env is not None else parent.env  # type: ignore[union-attr]
+        self.mask = mask if mask is not None or parent is None else parent.mask
+        self.symbols: dict[str, Tensor] = {}
 
-    def lookup(self, key: int) -> Tensor | None:
-        s: _Scope | None = self
-        while s is not None:
-            if key in s.memo:
-                return s.memo[key]
-            s = s.parent
-        return None
+    def key(self, value: Value) -> Hashable:
+        return id(value)
 
     def index_env(self) -> dict[str, Index]:
         chain, s = [], self
         while s is not None:
             chain.append(s.symbols)
-            s = s.parent
+            s = s.parent  # type: ignore[assignment]
         out = dict(self.env)
         for symbols in reversed(chain):
             out.update(symbols)
         return out
 
 
-class _Executor:
+class _Executor(ValueVisitor[_Scope, Tensor]):
     """Runs one kernel on flat views of its buffers."""
 
     def __init__(self, kernel: Kernel, buffers: dict[str, Tensor], sizes: dict[str, int],
@@ -266,39 +261,42 @@ class _Executor:
         return self.x + (self.r if level == "r" else (1,) * len(self.r))
 
     def scope(self) -> _Scope:
-        return _Scope(self.env)
+        return _Scope(env=self.env)
 
     # -- values
 
     def value(self, v: Value, scope: _Scope) -> Tensor:
-        got = scope.lookup(id(v))
+        got = scope.get(v)
         if got is None:
-            got = self._compute(v, scope)
-            scope.memo[id(v)] = got
+            got = scope[v] = self.visit(v, scope)
         return got
 
-    def _compute(self, v: Value, scope: _Scope) -> Tensor:
-        if isinstance(v, Const):
-            return torch.full((), v.value, dtype=v.dtype, device=self.device)
-        if isinstance(v, IndexValue):
-            return torch.as_tensor(eval_index(v.expr, scope.index_env()), device=self.device).to(v.dtype)
-        if isinstance(v, Load):
-            return self._load(v, scope)
-        if isinstance(v, Op):
-            return apply_op(v.name, [self.value(a, scope) for a in v.args], v.dtype)
-        if isinstance(v, Cast):
-            return self.value(v.x, scope).to(v.dtype)  # type: ignore[arg-type]
-        if isinstance(v, Masked):
-            mask = self.value(v.mask, scope).bool()  # type: ignore[arg-type]
-            inner = mask if scope.mask is None else mask & scope.mask
-            body = self.value(v.body, _Scope(self.env, scope, inner))  # type: ignore[arg-type]
-            return torch.where(mask, body, torch.full((), v.other, dtype=v.dtype, device=self.device))
-        if isinstance(v, Indirect):
-            raw = self.value(v.value, scope).to(torch.int64)  # type: ignore[arg-type]
-            wrapped = torch.where(raw < 0, raw + eval_index(v.size, scope.index_env()), raw)
-            scope.symbols[v.symbol.name] = wrapped
-            return wrapped
-        raise NotImplementedError(f"reference executor: value {type(v).__name__}")
+    def visit_const(self, v: Const, scope: _Scope) -> Tensor:
+        return torch.full((), v.value, dtype=v.dtype, device=self.device)
+
+    def visit_index_value(self, v: IndexValue, scope: _Scope) -> Tensor:
+        return torch.as_tensor(eval_index(v.expr, scope.index_env()), device=self.device).to(v.dtype)
+
+    def visit_load(self, v: Load, scope: _Scope) -> Tensor:
+        return self._load(v, scope)
+
+    def visit_op(self, v: Op, scope: _Scope) -> Tensor:
+        return apply_op(v.name, [self.value(a, scope) for a in v.args], v.dtype)
+
+    def visit_cast(self, v: Cast, scope: _Scope) -> Tensor:
+        return self.value(v.x, scope).to(v.dtype)  # type: ignore[arg-type]
+
+    def visit_masked(self, v: Masked, scope: _Scope) -> Tensor:
+        mask = self.value(v.mask, scope).bool()  # type: ignore[arg-type]
+        inner = mask if scope.mask is None else mask & scope.mask
+        body = self.value(v.body, _Scope(scope, mask=inner))  # type: ignore[arg-type]
+        return torch.where(mask, body, torch.full((), v.other, dtype=v.dtype, device=self.device))
+
+    def visit_indirect(self, v: Indirect, scope: _Scope) -> Tensor:
+        raw = self.value(v.value, scope).to(torch.int64)  # type: ignore[arg-type]
+        wrapped = torch.where(raw < 0, raw + eval_index(v.size, scope.index_env()), raw)
+        scope.symbols[v.symbol.name] = wrapped
+        return wrapped
 
     def _load(self, v: Load, scope: _Scope) -> Tensor:
         for ind in v.indirect:
@@ -406,18 +404,6 @@ def _extreme(fn: Callable[..., Tensor], empty: Callable[[torch.dtype], Any]) -> 
     return reduce
 
 
-def _lowest(dtype: torch.dtype) -> Any:
-    if dtype == torch.bool:
-        return False
-    return -float("inf") if dtype.is_floating_point else torch.iinfo(dtype).min
-
-
-def _highest(dtype: torch.dtype) -> Any:
-    if dtype == torch.bool:
-        return True
-    return float("inf") if dtype.is_floating_point else torch.iinfo(dtype).max
-
-
 def _arg(fn: Callable[..., Tensor]) -> Callable:
     def reduce(v: Tensor, acc: torch.dtype) -> tuple[Tensor]:
         if v.shape[-1] == 0:
@@ -439,8 +425,8 @@ def _welford(v: Tensor, acc: torch.dtype) -> tuple[Tensor, Tensor]:
 REDUCTIONS: dict[str, Callable[[Tensor, torch.dtype], tuple[Tensor, ...]]] = {
     "sum": lambda v, acc: (v.to(acc).sum(-1, dtype=acc),),
     "prod": lambda v, acc: (v.to(acc).prod(-1, dtype=acc),),
-    "max": _extreme(torch.amax, _lowest),
-    "min": _extreme(torch.amin, _highest),
+    "max": _extreme(torch.amax, lowest),
+    "min": _extreme(torch.amin, highest),
     "argmax": _arg(torch.argmax),
     "argmin": _arg(torch.argmin),
     "any": lambda v, acc: (v.bool().any(-1),),

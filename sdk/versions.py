@@ -156,6 +156,14 @@ HISTORY: tuple[Release, ...] = (
                "training graphs too (saved activations channels-last, their strides reported "
                "to AOTAutograd); off by default"),
     )),
+    Release("0.17.0", (
+        Change("coil.sdk.codegen: the pieces every code writer needs, which the shipped plugins, "
+               "the example plugin and the reference executor share: ValueScope (values already "
+               "emitted in a block, common-subexpression elimination), ValueVisitor (dispatch on "
+               "the value node types), IndexPrinter and IndexSpelling (index expressions with a "
+               "target's floor division, modulo, min/max and wide-integer spellings), "
+               "INTEGER_IDENTITY_OPS, is_integer_identity, reduction_identity, lowest, highest"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -156,8 +156,6 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _UNREVIEWED,
     ("coil_cuda_triton.backend", "coil_cuda_triton.graphs"):
         _UNREVIEWED,
-    ("coil_cuda_triton.codegen", "coil.sdk"):
-        _NEEDLESS,
     ("coil_cuda_triton.compile_worker", "coil_cuda_triton.codegen"):
         _UNREVIEWED,
     ("coil_cuda_triton.compile_worker", "coil_cuda_triton.configs"):

@@ -32,7 +32,7 @@ SNAPSHOT = Path(__file__).resolve().parent / "golden" / "sdk_surface.json"
 UPDATE = ".venv/bin/python tests/test_sdk_surface.py --update"
 
 #: The SDK's public modules besides the package itself (``coil.sdk.testing`` is the kit).
-MODULES = ("backend", "cachestats", "cache_command", "canonical", "codewriter", "config",
+MODULES = ("backend", "cachestats", "cache_command", "canonical", "codegen", "codewriter", "config",
            "diskcache", "errors", "hookspecs", "host", "ir", "kernel", "knobs", "ops", "progress",
            "redisclient", "reference", "registry", "remotecache", "scaffold", "symbolic",
            "templates", "versions")

@@ -10,17 +10,18 @@ import sympy
 
 from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Masked,
                       Op, ReductionNode, ScanNode, ScatterNode, Value)
+from coil.sdk.codegen import ValueScope, ValueVisitor, is_integer_identity
 
 from . import reduction_loops, special, template
 from .accumulators import accumulator
-from .cpp import Scope, for_header, idx, parallel_if
+from .cpp import for_header, idx, parallel_if
 from .divmod_split import innermost_split
 from .hoist import reciprocal
 from .tiling import TILE, transpose_tiles
-from .optable import CTYPES, INTEGER_IDENTITY, OPS, literal
+from .optable import CTYPES, OPS, literal
 
 
-class KernelWriter:
+class KernelWriter(ValueVisitor[ValueScope[str], str]):
     """Writes one ``extern "C"`` function for a kernel."""
 
     def __init__(self, kernel: Kernel, fn_name: str) -> None:
@@ -90,7 +91,7 @@ class KernelWriter:
     def _pointwise_kernel(self) -> None:
         nodes = [n for loop in self.k.loops for n in loop.nodes]
         if not self.k.x_ranges:
-            self.emit_nodes(nodes, Scope())
+            self.emit_nodes(nodes, ValueScope())
             return
         names, ranges = [v.name for v in self.k.x_vars], list(self.k.x_ranges)
         split = innermost_split(self.k)
@@ -111,7 +112,7 @@ class KernelWriter:
         with self.loops(names, ranges, "#pragma omp simd" if len(ranges) > 1 else ""):
             if split is not None:
                 self.w.line(f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};")
-            self.emit_nodes(nodes, Scope())
+            self.emit_nodes(nodes, ValueScope())
 
     def _tiled_pointwise(self, nodes: list[KernelNode], dim: int) -> None:
         """The loop nest over ``TILE`` x ``TILE`` tiles of kept dim ``dim`` and the innermost
@@ -132,11 +133,11 @@ class KernelWriter:
                     self.w.line("#pragma omp simd")
                 end = f"std::min<int64_t>({names[i]}_tile + {TILE}, {idx(ranges[i])})"
                 stack.enter_context(self.w.block(for_header(names[i], end, start=f"{names[i]}_tile"), "}"))
-            self.emit_nodes(nodes, Scope())
+            self.emit_nodes(nodes, ValueScope())
 
     # -- nodes and values
 
-    def emit_nodes(self, nodes: list[KernelNode], scope: Scope) -> None:
+    def emit_nodes(self, nodes: list[KernelNode], scope: ValueScope[str]) -> None:
         for kn in nodes:
             if isinstance(kn.node, ReductionNode):
                 self._one_point_reduction(kn, scope)
@@ -145,7 +146,7 @@ class KernelWriter:
             self.store(kn.node.outputs()[0], kn.store_index, v, kn.node.layout.dtype,
                        store_name=kn.stores[0])
 
-    def _one_point_reduction(self, kn: KernelNode, scope: Scope) -> None:
+    def _one_point_reduction(self, kn: KernelNode, scope: ValueScope[str]) -> None:
         """A reduction whose reduced dims all have size 1 (it has no r loop): one update."""
         node = kn.node
         assert isinstance(node, ReductionNode)
@@ -168,7 +169,7 @@ class KernelWriter:
             self.w.line(f"{t} v_{buf} = coil::cast<{t}>({value});")
             self.locals[buf] = f"v_{buf}"
 
-    def value(self, v: Value, scope: Scope) -> str:
+    def value(self, v: Value, scope: ValueScope[str]) -> str:
         got = scope.get(v)
         if got is not None:
             return got
@@ -180,50 +181,51 @@ class KernelWriter:
             return self.locals[v.buffer] + self.lane
         if isinstance(v, Indirect):
             return self._indirect(v, scope)
-        if isinstance(v, Masked):
-            expr = self._masked(v, scope, CTYPES[v.dtype])
-        else:
-            expr = self._expr(v, scope)
+        expr = self.visit(v, scope)
         name = self._tmp()
         self.w.line(f"{CTYPES[v.dtype]} {name} = {expr};")
-        scope.memo[v] = name
+        scope[v] = name
         return name
 
-    def _expr(self, v: Value, scope: Scope) -> str:
-        t = CTYPES[v.dtype]
-        if isinstance(v, Load):
-            for ind in v.indirect:
-                self.value(ind, scope)
-            return f"{v.buffer}[{self.idx(v.index)}]"
-        if isinstance(v, IndexValue):
-            return f"static_cast<int64_t>({self.idx(v.expr)})"
-        if isinstance(v, Cast):
-            return f"coil::cast<{t}>({self.value(v.x, scope)})"  # type: ignore[arg-type]
-        if isinstance(v, Op):
-            args = [self.value(a, scope) for a in v.args]
-            operand_t = t if v.name == "where" or not v.args else CTYPES[v.args[0].dtype]
-            if v.name in INTEGER_IDENTITY and not v.dtype.is_floating_point:
-                return args[0]
-            if v.name == "truediv":
-                inverse = scope.get(reciprocal(v))  # hoisted out of the loop (see .hoist)
-                if inverse is not None:
-                    return f"static_cast<float>(static_cast<double>({args[0]}) * {inverse})"
-            return OPS[v.name](args, operand_t)
-        raise NotImplementedError(type(v).__name__)
+    # The rules per node type (ValueVisitor): the C++ expression a new local is initialised
+    # with. ``value`` handles what gets no new local itself: constants, indirect indices and
+    # loads of internal buffers.
 
-    def _indirect(self, v: Indirect, scope: Scope) -> str:
+    def visit_load(self, v: Load, scope: ValueScope[str]) -> str:
+        for ind in v.indirect:
+            self.value(ind, scope)
+        return f"{v.buffer}[{self.idx(v.index)}]"
+
+    def visit_index_value(self, v: IndexValue, scope: ValueScope[str]) -> str:
+        return f"static_cast<int64_t>({self.idx(v.expr)})"
+
+    def visit_cast(self, v: Cast, scope: ValueScope[str]) -> str:
+        return f"coil::cast<{CTYPES[v.dtype]}>({self.value(v.x, scope)})"  # type: ignore[arg-type]
+
+    def visit_op(self, v: Op, scope: ValueScope[str]) -> str:
+        args = [self.value(a, scope) for a in v.args]
+        operand_t = CTYPES[v.dtype] if v.name == "where" or not v.args else CTYPES[v.args[0].dtype]
+        if is_integer_identity(v):
+            return args[0]
+        if v.name == "truediv":
+            inverse = scope.get(reciprocal(v))  # hoisted out of the loop (see .hoist)
+            if inverse is not None:
+                return f"static_cast<float>(static_cast<double>({args[0]}) * {inverse})"
+        return OPS[v.name](args, operand_t)
+
+    def _indirect(self, v: Indirect, scope: ValueScope[str]) -> str:
         raw = self.value(v.value, scope)  # type: ignore[arg-type]
         name = v.symbol.name
         self.w.line(f"int64_t {name} = {raw};")
         self.w.line(f"{name} = {name} < 0 ? {name} + {self.idx(v.size)} : {name};")
-        scope.memo[v] = name
+        scope[v] = name
         return name
 
-    def _masked(self, v: Masked, scope: Scope, t: str) -> str:
+    def visit_masked(self, v: Masked, scope: ValueScope[str]) -> str:
         mask = self.value(v.mask, scope)  # type: ignore[arg-type]
         name = self._tmp()
-        self.w.line(f"{t} {name} = {literal(v.other, v.dtype)};")
+        self.w.line(f"{CTYPES[v.dtype]} {name} = {literal(v.other, v.dtype)};")
         with self.w.block(f"if ({mask}) {{", "}"):
-            body = self.value(v.body, Scope(scope))  # type: ignore[arg-type]
+            body = self.value(v.body, scope.child())  # type: ignore[arg-type]
             self.w.line(f"{name} = {body};")
         return name

@@ -1,38 +1,17 @@
-"""C++ spellings shared by the kernel writers: index expressions, ``for`` headers, OpenMP
-``if`` clauses, and the scope of already computed values."""
+"""C++ spellings shared by the kernel writers: index expressions, ``for`` headers and OpenMP
+``if`` clauses."""
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import sympy
 
-from coil.sdk import ExprPrinter, Value
+from coil.sdk.codegen import IndexPrinter, IndexSpelling
 
 #: Below this many points a loop nest runs on one thread (a parallel region costs microseconds).
 PARALLEL_THRESHOLD = 16384
 
-
-class CppPrinter(ExprPrinter):
-    def floordiv(self, a: str, b: str) -> str:
-        return f"({self.group(a)} / {self.group(b)})"
-
-    def integer(self, value: int) -> str:
-        return f"INT64_C({value})" if abs(value) > 2**31 - 1 else str(value)
-
-    def minimum(self, args: list[str]) -> str:
-        out = args[0]
-        for a in args[1:]:
-            out = f"std::min<int64_t>({out}, {a})"
-        return out
-
-    def maximum(self, args: list[str]) -> str:
-        out = args[0]
-        for a in args[1:]:
-            out = f"std::max<int64_t>({out}, {a})"
-        return out
-
-
-PRINTER = CppPrinter()
+#: Index expressions are non-negative ``int64_t``: C++'s ``/`` is floor division for them.
+PRINTER = IndexPrinter(IndexSpelling(floordiv="({0} / {1})", minimum="std::min<int64_t>({0}, {1})",
+                                     maximum="std::max<int64_t>({0}, {1})", wide_integer="INT64_C({0})"))
 
 
 def idx(e: sympy.Expr) -> str:
@@ -48,19 +27,3 @@ def for_header(var: str, size: sympy.Expr | str, start: str = "0", step: int = 1
 def parallel_if(points: sympy.Expr) -> str:
     """An OpenMP ``if`` clause that keeps small loop nests on one thread."""
     return f"if(parallel: {idx(points)} > {PARALLEL_THRESHOLD})"
-
-
-@dataclass
-class Scope:
-    """Values already computed in the current C++ block (common subexpressions)."""
-
-    parent: "Scope | None" = None
-    memo: dict[Value, str] = field(default_factory=dict)
-
-    def get(self, v: Value) -> str | None:
-        s: Scope | None = self
-        while s is not None:
-            if v in s.memo:
-                return s.memo[v]
-            s = s.parent
-        return None

@@ -10,14 +10,13 @@ import sympy
 import torch
 
 from coil.sdk import Cast, Const, IndexValue, Load, Loop, Masked, Op, Value
-
-from .cpp import Scope
+from coil.sdk.codegen import ValueScope
 
 if TYPE_CHECKING:
     from .codegen import KernelWriter
 
 
-def hoist_invariants(kw: KernelWriter, loop: Loop, scope: Scope) -> None:
+def hoist_invariants(kw: KernelWriter, loop: Loop, scope: ValueScope[str]) -> None:
     """Emit the invariant parts of ``loop``'s bodies into ``scope``, ahead of the loop, and
     the reciprocal of every invariant divisor of a float division (see :func:`reciprocal`)."""
     invariant = _Invariance(kw)

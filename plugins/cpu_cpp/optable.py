@@ -73,9 +73,6 @@ COSTLY_OPS = frozenset({
     "sigmoid", "pow", "atan2", "hypot", "rand", "randn",
 })
 
-# Ops whose integer spelling must not pass through floating point.
-INTEGER_IDENTITY = {"floor", "ceil", "trunc", "round"}
-
 
 def literal(value: object, dtype: torch.dtype) -> str:
     """A C++ expression of type ``CTYPES[dtype]`` holding ``value``."""

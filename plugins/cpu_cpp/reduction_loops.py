@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Iterator
 import sympy
 
 from coil.sdk import Kernel, Load, Loop, ReductionNode, loads
+from coil.sdk.codegen import ValueScope
 
 from .accumulators import Accumulator, accumulator
-from .cpp import Scope, for_header, idx, parallel_if
+from .cpp import for_header, idx, parallel_if
 from .hoist import hoist_invariants
 from .optable import CTYPES
 from .stash import LoopStashes, plan, scratch_rows
@@ -57,7 +58,7 @@ def reduction_kernel(kw: KernelWriter) -> None:
     stashes = plan(k, scratch=not split)
     with kw.loops(names, k.x_ranges):
         kw.w.lines(scratch_rows(k, stashes))
-        scope = Scope()
+        scope = ValueScope()
         for i, loop in enumerate(k.loops):
             if loop.level == "x":
                 kw.emit_nodes(loop.nodes, scope)
@@ -113,11 +114,11 @@ def _flat_r(k: Kernel) -> str:
     return idx(flat)
 
 
-def _r_body(kw: KernelWriter, loop: Loop, scope: Scope, accs: dict[str, Accumulator],
+def _r_body(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
             prefix: str, lane: str, stashes: LoopStashes) -> None:
     """One (x, r) point of an r loop: pointwise nodes, and updates of the lane's states."""
     for s in stashes.reads:
-        scope.memo[s.value] = kw.value(Load(s.value.dtype, buffer=s.buffer, index=s.index), scope)
+        scope[s.value] = kw.value(Load(s.value.dtype, buffer=s.buffer, index=s.index), scope)
     for kn in loop.nodes:
         acc = accs.get(kn.node.name)
         if acc is None:
@@ -140,7 +141,7 @@ def _results(kw: KernelWriter, loop: Loop, accs: dict[str, Accumulator], prefix:
 # -- inner and split schedules: lanes over the innermost reduced dim
 
 
-def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: Scope, split: bool,
+def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
                  stashes: LoopStashes) -> None:
     accs = _accumulators(loop)
     if not accs:
@@ -212,7 +213,7 @@ def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
         yield
 
 
-def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: Scope, accs: dict[str, Accumulator],
+def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
                   split: bool, stashes: LoopStashes, lanes: int) -> None:
     """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
     of the lane arrays, then the leftover elements into the first lanes (either part is left
@@ -226,11 +227,11 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: Scope, accs: dict[str, Ac
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
                 w.line(f"int64_t {last} = {last}_chunk + lane;")
-                _r_body(kw, loop, Scope(scope), accs, "lane_", "[lane]", stashes)
+                _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
     if size is None or size % lanes:
         with _within_outer_r(kw, split, for_header(last, n, start=full), simd=True):
             w.line(f"int64_t lane = {last} - {full};")
-            _r_body(kw, loop, Scope(scope), accs, "lane_", "[lane]", stashes)
+            _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
 
 
 @contextlib.contextmanager
@@ -253,7 +254,7 @@ def _within_outer_r(kw: KernelWriter, split: bool, innermost: str, simd: bool = 
             yield
 
 
-def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: Scope, split: bool,
+def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
                   stashes: LoopStashes) -> None:
     """An r loop without reductions (the last pass of a softmax): pointwise over r."""
     k = kw.k
@@ -263,7 +264,7 @@ def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: Scope, split: bool,
     else:
         kw.w.line(f"#pragma omp simd{collapse}")
     with kw.loops([v.name for v in k.r_vars], k.r_ranges):
-        _r_body(kw, loop, Scope(scope), {}, "", "", stashes)
+        _r_body(kw, loop, scope.child(), {}, "", "", stashes)
 
 
 # -- outer schedule: lanes over a block of the innermost kept dim
@@ -284,7 +285,7 @@ def _outer(kw: KernelWriter) -> None:
             for loop in k.loops:
                 if loop.level == "x":
                     with _over_block(kw, last):
-                        kw.emit_nodes(loop.nodes, Scope())
+                        kw.emit_nodes(loop.nodes, ValueScope())
                 else:
                     _outer_r_loop(kw, loop, last)
             kw.lane = ""
@@ -309,7 +310,7 @@ def _outer_r_loop(kw: KernelWriter, loop: Loop, last: str) -> None:
                 w.lines(acc.init("acc_", "[lane]"))
     with kw.loops([v.name for v in k.r_vars], k.r_ranges):
         with _over_block(kw, last):
-            _r_body(kw, loop, Scope(), accs, "acc_", "[lane]", LoopStashes())
+            _r_body(kw, loop, ValueScope(), accs, "acc_", "[lane]", LoopStashes())
     if accs:
         with _over_block(kw, last):
             _results(kw, loop, accs, "acc_", "[lane]")

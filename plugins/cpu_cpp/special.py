@@ -9,8 +9,9 @@ import sympy
 import torch
 
 from coil.sdk import ScanNode, ScatterNode
+from coil.sdk.codegen import ValueScope
 
-from .cpp import Scope, for_header, idx, parallel_if
+from .cpp import for_header, idx, parallel_if
 from .optable import CTYPES, HALF_TYPES
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def scan(kw: KernelWriter, node: ScanNode) -> None:
         op = "+=" if node.combine == "sum" else "*="
         w.line(f"{acc_t} acc = {acc_t}({0 if node.combine == 'sum' else 1});")
         with w.block(for_header("r0", node.scan_range), "}"):
-            v = kw.value(node.body, Scope())
+            v = kw.value(node.body, ValueScope())
             w.line(f"acc {op} {v};")
             t = CTYPES[node.layout.dtype]
             w.line(f"{node.name}[{idx(node.store_index)}] = coil::cast<{t}>(acc);")
@@ -44,7 +45,7 @@ def scatter(kw: KernelWriter, node: ScatterNode) -> None:
         points = sympy.Mul(*node.ranges)
         w.line(f"#pragma omp parallel for collapse({len(node.ranges)}) {parallel_if(points)}")
     with kw.loops(_vars("x", len(node.ranges)), node.ranges):
-        base = kw.value(node.base, Scope())
+        base = kw.value(node.base, ValueScope())
         w.line(f"{node.name}[{idx(node.store_index)}] = coil::cast<{t}>({base});")
     atomic = node.accumulate == "add" and node.layout.dtype in (
         torch.float32, torch.float64, torch.int32, torch.int64)
@@ -52,7 +53,7 @@ def scatter(kw: KernelWriter, node: ScatterNode) -> None:
         w.line(f"#pragma omp parallel for collapse({len(node.src_ranges)}) "
                f"{parallel_if(sympy.Mul(*node.src_ranges))}")
     with kw.loops(_vars("r", len(node.src_ranges)), node.src_ranges):
-        scope = Scope()
+        scope = ValueScope()
         for ind in node.target_indirect:
             kw.value(ind, scope)
         val = kw.value(node.value, scope)

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import sympy
 
 from coil.sdk import Load
+from coil.sdk.codegen import ValueScope
 
-from .cpp import Scope, idx
+from .cpp import idx
 from .optable import CTYPES
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ def template_kernel(kw: "KernelWriter") -> None:
                     w.line(f"int64_t {xs[0].name} = b;")
                 w.line(f"int64_t {xs[-2].name} = m0 + i;")
                 w.line(f"int64_t {xs[-1].name} = n0 + j;")
-                scope = Scope()
+                scope = ValueScope()
                 _product(kw, scope)
                 kw.emit_nodes(kw.k.nodes, scope)
     config = call.template.configs(problem)[0]
@@ -61,7 +62,7 @@ def _names(kw: "KernelWriter") -> dict[str, str]:
     return names
 
 
-def _product(kw: "KernelWriter", scope: Scope) -> None:
+def _product(kw: "KernelWriter", scope: ValueScope[str]) -> None:
     call = kw.k.template
     assert call is not None
     value = "acc[i * ldacc + j]" if call.alpha == 1 else f"acc[i * ldacc + j] * {float(call.alpha)!r}f"

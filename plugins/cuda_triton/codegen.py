@@ -19,11 +19,12 @@ import sympy
 import torch
 
 from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Loop,
-                      Masked, Op, ReductionNode, ScanNode, ScatterNode, Value)
+                      Masked, Op, ReductionNode, ScanNode, ScatterNode, Value, loads, walk)
+from coil.sdk.codegen import ValueScope, ValueVisitor, is_integer_identity
 
 from . import configs, indexing, online_softmax, split
 from .indexing import IndexWriter, Level, Run
-from .optable import HALF, INTEGER_IDENTITY, OPS, POINTER, STORAGE, compute, literal
+from .optable import HALF, OPS, POINTER, STORAGE, compute, literal
 from .reductions import Reduction
 
 #: Longest reduced row (elements) kept whole in registers.
@@ -65,24 +66,16 @@ def _static(e: sympy.Expr) -> int | None:
     return int(e) if e.is_number else None
 
 
-class Scope:
-    """Values already computed in the current straight-line region, and the load mask."""
+class Scope(ValueScope[str]):
+    """Values already computed in the current straight-line region, and the load mask (a
+    scope built without one takes its parent's)."""
 
-    def __init__(self, parent: "Scope | None" = None, mask: str | None = None) -> None:
-        self.parent = parent
-        self.memo: dict[Value, str] = {}
+    def __init__(self, parent: Scope | None = None, mask: str | None = None) -> None:
+        super().__init__(parent)
         self.mask = mask if mask is not None or parent is None else parent.mask
 
-    def get(self, v: Value) -> str | None:
-        s: Scope | None = self
-        while s is not None:
-            if v in s.memo:
-                return s.memo[v]
-            s = s.parent
-        return None
 
-
-class KernelWriter:
+class KernelWriter(ValueVisitor[Scope, str]):
     def __init__(self, kernel: Kernel, interpret: bool = False, bounds_check: bool = False) -> None:
         self.k = kernel
         self.interpret = interpret
@@ -401,32 +394,37 @@ class KernelWriter:
             name = self._tmp()
             self._masked(v, name, scope)
         else:
-            expr = self._expr(v, scope)
+            expr = self.visit(v, scope)
             name = self._tmp()
             self.w.line(f"{name} = {expr}")
-        scope.memo[v] = name
+        scope[v] = name
         return name
 
-    def _expr(self, v: Value, scope: Scope) -> str:
-        if isinstance(v, Load):
-            return self._load(v, scope)
-        if isinstance(v, IndexValue):
-            text, runs = self.ix.split(v.expr)
-            return f"({text}) + tl.zeros({self._shape('r' if self._mentions_r(v.expr) else 'x')}, tl.int64)"
-        if isinstance(v, Cast):
-            return self._cast(self.value(v.x, scope), v.x.dtype, v.dtype)  # type: ignore[union-attr]
-        if isinstance(v, Op):
-            args = [self.value(a, scope) for a in v.args]
-            operand = v.dtype if v.name == "where" or not v.args else v.args[0].dtype
-            if v.name == "where":
-                operand = v.args[1].dtype
-            if v.name in INTEGER_IDENTITY and not v.dtype.is_floating_point:
-                return args[0]
-            out = OPS[v.name](args, operand, self.interpret)
-            if v.dtype in HALF:  # an op of a half type rounds its result, as eager does
-                out = self.narrow(out, v.dtype)
-            return out
-        raise NotImplementedError(type(v).__name__)
+    # The rules per node type (ValueVisitor): the Triton expression a new variable is assigned.
+    # ``value`` handles the rest itself: constants, loads of registers, and indirect indices and
+    # masked values (a few statements each).
+
+    def visit_load(self, v: Load, scope: Scope) -> str:
+        return self._load(v, scope)
+
+    def visit_index_value(self, v: IndexValue, scope: Scope) -> str:
+        text, runs = self.ix.split(v.expr)
+        return f"({text}) + tl.zeros({self._shape('r' if self._mentions_r(v.expr) else 'x')}, tl.int64)"
+
+    def visit_cast(self, v: Cast, scope: Scope) -> str:
+        return self._cast(self.value(v.x, scope), v.x.dtype, v.dtype)  # type: ignore[union-attr]
+
+    def visit_op(self, v: Op, scope: Scope) -> str:
+        args = [self.value(a, scope) for a in v.args]
+        operand = v.dtype if v.name == "where" or not v.args else v.args[0].dtype
+        if v.name == "where":
+            operand = v.args[1].dtype
+        if is_integer_identity(v):
+            return args[0]
+        out = OPS[v.name](args, operand, self.interpret)
+        if v.dtype in HALF:  # an op of a half type rounds its result, as eager does
+            out = self.narrow(out, v.dtype)
+        return out
 
     def _mentions_r(self, e: sympy.Expr) -> bool:
         return self.reduction and self.ix.mentions(e, "r")
@@ -470,7 +468,7 @@ class KernelWriter:
             if scope.mask:
                 cond = f"{cond} | ~({scope.mask})"
             self.w.line(f'tl.device_assert({cond}, "index out of bounds")')
-        scope.memo[v] = v.symbol.name
+        scope[v] = v.symbol.name
 
     def _masked(self, v: Masked, name: str, scope: Scope) -> None:
         cond = self.value(v.mask, scope)  # type: ignore[arg-type]
@@ -508,17 +506,14 @@ def tile_split(k: Kernel) -> int | None:
 
 
 def _loads(v: Value) -> list[Load]:
-    from coil.sdk import loads
     return loads(v)
 
 
 def _index_values(v: Value) -> list[IndexValue]:
-    from coil.sdk import walk
     return [x for x in walk(v) if isinstance(x, IndexValue)]
 
 
 def _indices(kn: KernelNode) -> list[sympy.Expr]:
-    from coil.sdk import walk
     out = [kn.store_index] + [ld.index for ld in _loads(kn.body)]
     out += [x.expr for x in walk(kn.body) if isinstance(x, IndexValue)]
     return out

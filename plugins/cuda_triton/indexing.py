@@ -12,24 +12,11 @@ from dataclasses import dataclass
 
 import sympy
 
-from coil.sdk import ExprPrinter
+from coil.sdk.codegen import IndexPrinter, IndexSpelling
 
 
-class TritonPrinter(ExprPrinter):
-    def minimum(self, args: list[str]) -> str:
-        out = args[0]
-        for a in args[1:]:
-            out = f"tl.minimum({out}, {a})"
-        return out
-
-    def maximum(self, args: list[str]) -> str:
-        out = args[0]
-        for a in args[1:]:
-            out = f"tl.maximum({out}, {a})"
-        return out
-
-
-PRINTER = TritonPrinter()
+#: Python's spellings but for min/max, which Triton spells as elementwise ops.
+PRINTER = IndexPrinter(IndexSpelling(minimum="tl.minimum({0}, {1})", maximum="tl.maximum({0}, {1})"))
 
 
 def text(e: sympy.Expr) -> str:
@@ -72,9 +59,9 @@ class Level:
         extent = _product(list(self.ranges[run.lo:run.hi + 1]))
         expr = self.flat
         if inner != 1:
-            expr = f"({expr} // {ExprPrinter.group(text(inner))})"
+            expr = f"({expr} // {IndexPrinter.group(text(inner))})"
         if run.lo != 0:
-            expr = f"({expr} % {ExprPrinter.group(text(extent))})"
+            expr = f"({expr} % {IndexPrinter.group(text(extent))})"
         return f"{run.name} = {expr}"
 
     def covers_all(self, run: Run) -> bool:

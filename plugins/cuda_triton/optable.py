@@ -126,6 +126,3 @@ for _name in ("exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "
               "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh",
               "atanh", "erf", "erfc", "erfinv", "lgamma", "sigmoid", "floor", "ceil", "round", "trunc"):
     OPS[_name] = _math(_name)
-
-#: Ops that keep integers as they are (rounding an integer is the identity).
-INTEGER_IDENTITY = frozenset({"floor", "ceil", "trunc", "round"})

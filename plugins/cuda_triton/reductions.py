@@ -12,23 +12,16 @@ from __future__ import annotations
 import torch
 
 from coil.sdk import CodeWriter
+from coil.sdk.codegen import reduction_identity
 
 from .optable import compute, literal
 
 BLOCK = "[XBLOCK, RBLOCK]"
 
 
-def identity(kind: str, dtype: torch.dtype) -> object:
-    """The neutral element of a reduction (for masked lanes and initial states)."""
-    if kind in ("sum", "any", "welford"):
-        return 0
-    if kind in ("prod", "all"):
-        return 1
-    big = float("inf") if dtype.is_floating_point else (
-        1 if dtype == torch.bool else torch.iinfo(dtype).max)
-    small = float("-inf") if dtype.is_floating_point else (
-        0 if dtype == torch.bool else torch.iinfo(dtype).min)
-    return small if kind in ("max", "argmax") else big
+#: The neutral element of a reduction (for masked lanes and initial states), under the name
+#: the split strategy imports.
+identity = reduction_identity
 
 
 def _combine_fn(kind: str, dtype: torch.dtype) -> str:
@@ -73,7 +66,7 @@ class Reduction:
             return full
         dtype = torch.bool if kind in ("any", "all") else (
             self.value_dtype if kind in ("argmax", "argmin") else self.acc_dtype)
-        neutral = literal(identity(kind, dtype), dtype, "[1, 1]")
+        neutral = literal(reduction_identity(kind, dtype), dtype, "[1, 1]")
         return f"tl.where({mask}, {full}, {neutral})"
 
     # -- persistent: the whole row at once
@@ -106,12 +99,12 @@ class Reduction:
                 w.line(f"{n}_{field} = tl.zeros({BLOCK}, {self.acc_t})")
             return
         if kind in ("argmax", "argmin"):
-            init = literal(identity(kind, self.value_dtype), self.value_dtype, BLOCK)
+            init = literal(reduction_identity(kind, self.value_dtype), self.value_dtype, BLOCK)
             w.line(f"{n}_acc = {init}")
             w.line(f"{n}_idx = tl.zeros({BLOCK}, tl.int64)")
             return
         dtype = torch.bool if kind in ("any", "all") else self.acc_dtype
-        w.line(f"{n}_acc = {literal(identity(kind, dtype), dtype, BLOCK)}")
+        w.line(f"{n}_acc = {literal(reduction_identity(kind, dtype), dtype, BLOCK)}")
 
     def update(self, w: CodeWriter, v: str, mask: str | None, rindex: str) -> None:
         n, kind = self.name, self.kind

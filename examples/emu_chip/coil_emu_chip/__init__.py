@@ -15,7 +15,7 @@ from .backend import EmuBackend
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.1.0"
+    return "0.17.0"  # the oldest SDK with coil.sdk.codegen
 
 
 @sdk.hookimpl

@@ -6,24 +6,25 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections import ChainMap
 from typing import Iterator, Sequence
 
 import torch
 
 from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Loop,
                       Masked, Op, ScanNode, ScatterNode, Value)
+from coil.sdk.codegen import ValueScope, ValueVisitor
 
 from . import special
 from .accumulators import accumulator
 from .optable import VALUE_TYPES, cast, idx, literal, load, memory_type, spell, store
 
-#: Value -> the C local holding it; a child scope per nested C block.
-Scope = ChainMap
+#: Value -> the C local holding it (CSE); a child scope per nested C block.
+Scope = ValueScope
 
 
-class KernelWriter:
-    """Writes the C function of one kernel; :meth:`generate` returns its source."""
+class KernelWriter(ValueVisitor[Scope, str]):
+    """Writes the C function of one kernel; :meth:`generate` returns its source. ``value``
+    memoises; the ``visit_*`` rules spell each node type that becomes a C local."""
 
     def __init__(self, kernel: Kernel) -> None:
         self.k = kernel
@@ -67,7 +68,7 @@ class KernelWriter:
         flat_r = functools.reduce(lambda f, vn: f * vn[1] + vn[0], zip(k.r_vars, k.r_ranges), 0)
         index = idx(flat_r) if on_r else "0"  # argmax/argmin's position along the reduced dims
         with self.loops(k.r_vars if on_r else [], k.r_ranges):
-            inner = scope.new_child() if on_r else scope
+            inner = scope.child() if on_r else scope
             for kn in loop.nodes:
                 value = self.value(kn.body, inner)
                 if kn.is_reduction:
@@ -102,13 +103,13 @@ class KernelWriter:
             mask = self.value(v.mask, scope)  # type: ignore[arg-type]
             name = self._local(v.dtype, literal(v.other, v.dtype))
             with self.w.block(f"if ({mask}) {{", "}"):
-                self.w.line(f"{name} = {self.value(v.body, scope.new_child())};")  # type: ignore[arg-type]
+                self.w.line(f"{name} = {self.value(v.body, scope.child())};")  # type: ignore[arg-type]
         elif isinstance(v, Indirect):  # wrapped into [0, size) like a Python index
             name = v.symbol.name
             self.w.line(f"int64_t {name} = {self.value(v.value, scope)};")  # type: ignore[arg-type]
             self.w.line(f"if ({name} < 0) {name} += {idx(v.size)};")
         else:
-            name = self._local(v.dtype, self._expr(v, scope))
+            name = self._local(v.dtype, self.visit(v, scope))
         scope[v] = name
         return name
 
@@ -117,14 +118,16 @@ class KernelWriter:
         self.w.line(f"{VALUE_TYPES[dtype]} t{self.count} = {expr};")
         return f"t{self.count}"
 
-    def _expr(self, v: Value, scope: Scope) -> str:
-        if isinstance(v, Load):
-            return load(self.k.dtypes.get(v.buffer, v.dtype), f"{v.buffer}[{idx(v.index)}]")
-        if isinstance(v, IndexValue):
-            return idx(v.expr)
-        if isinstance(v, Cast):
-            return cast(v.dtype, self.value(v.x, scope))  # type: ignore[arg-type]
-        if isinstance(v, Op):  # the operands' type picks the helper (where: the result's)
-            operand_t = VALUE_TYPES[v.args[0].dtype if v.args and v.name != "where" else v.dtype]
-            return spell(v.name, [self.value(a, scope) for a in v.args], operand_t)
-        raise NotImplementedError(f"emu_chip: no C spelling for {type(v).__name__}")
+    def visit_load(self, v: Load, scope: Scope) -> str:
+        return load(self.k.dtypes.get(v.buffer, v.dtype), f"{v.buffer}[{idx(v.index)}]")
+
+    def visit_index_value(self, v: IndexValue, scope: Scope) -> str:
+        return idx(v.expr)
+
+    def visit_cast(self, v: Cast, scope: Scope) -> str:
+        return cast(v.dtype, self.value(v.x, scope))  # type: ignore[arg-type]
+
+    def visit_op(self, v: Op, scope: Scope) -> str:
+        # the operands' type picks the helper (where: the result's)
+        operand_t = VALUE_TYPES[v.args[0].dtype if v.args and v.name != "where" else v.dtype]
+        return spell(v.name, [self.value(a, scope) for a in v.args], operand_t)

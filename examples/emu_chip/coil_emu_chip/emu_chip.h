@@ -12,7 +12,7 @@
 #include <string.h>
 #include <tgmath.h>
 
-/* min/max of index expressions (Coil's ExprPrinter spells them min(...) and max(...)). */
+/* min/max of index expressions (the plugin's IndexPrinter spells them min(a, b) and max(a, b)). */
 #define min(a, b) ((a) < (b) ? (a) : (b))
 #define max(a, b) ((a) > (b) ? (a) : (b))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from coil.sdk import ExprPrinter
+from coil.sdk.codegen import IndexPrinter, IndexSpelling
 
 #: C type of a computed value; bf16 and fp16 are computed in float, as ATen does.
 VALUE_TYPES: dict[torch.dtype, str] = {
@@ -45,19 +45,9 @@ def literal(value: object, dtype: torch.dtype) -> str:
     return f"(({VALUE_TYPES[dtype]}){text})"
 
 
-class _CPrinter(ExprPrinter):
-    """Index expressions are non-negative int64_t in C, so ``/`` is floor division."""
-
-    def floordiv(self, a: str, b: str) -> str:
-        return f"({a} / {b})"
-
-
-_PRINTER = _CPrinter()
-
-
-def idx(e: object) -> str:
-    """An index expression of the kernel IR (a sympy expression) or an int, in C."""
-    return str(e) if isinstance(e, int) else _PRINTER.print(e)  # type: ignore[arg-type]
+#: An index expression of the kernel IR (a sympy expression) or an int, in C: index values are
+#: non-negative, so C's ``/`` is floor division; min/max are the runtime header's macros.
+idx = IndexPrinter(IndexSpelling(floordiv="({0} / {1})"))
 
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=", "lt": "<",
