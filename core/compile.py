@@ -252,7 +252,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     stages["codegen+compile"] = t3 - t2
     line.stage("wrapper")
     writer = WrapperWriter(lowered, sched.steps, plan, launchers, check_layouts=config.check_extern_layouts,
-                           check_inputs=config.check_extern_layouts and kind == "backward")
+                           check_inputs=config.check_extern_layouts and kind == "backward",
+                           profile_kernels=config.profile_kernels)
     wrapper = writer.write()
     for device_type, (_, module) in compiled_modules.items():
         wrapper.namespace[f"mod_{device_type}"] = module

@@ -63,11 +63,14 @@ class Wrapper:
 class WrapperWriter:
     def __init__(self, graph: LoweredGraph, steps: Sequence[object], plan: MemoryPlan,
                  launchers: dict[str, tuple[Any, str]], *, check_layouts: bool = True,
-                 check_inputs: bool = False) -> None:
+                 check_inputs: bool = False, profile_kernels: bool = False) -> None:
         """``launchers``: kernel name -> (device backend, namespace var of its compiled module);
         ``check_layouts``: check the strides of ATen results (``Config.check_extern_layouts``);
         ``check_inputs``: check the strides of the graph's inputs too (backward graphs, whose
-        inputs are the forward's outputs and saved values, with no guard from Dynamo)."""
+        inputs are the forward's outputs and saved values, with no guard from Dynamo);
+        ``profile_kernels``: each kernel launch inside a ``torch.profiler`` range named
+        ``coil:<kernel>`` (``Config.profile_kernels``)."""
+        self.profile_kernels = profile_kernels
         self.check_layouts = check_layouts
         self.check_inputs = check_inputs
         self.graph = graph
@@ -129,7 +132,12 @@ class WrapperWriter:
                     self._alloc(alloc)
                 if isinstance(step, Kernel):
                     backend, module_var = self.launchers[step.name]
-                    self.w.line(backend.call_line(module_var, step, step.args))
+                    if self.profile_kernels:
+                        self.ns["record_function"] = torch.profiler.record_function
+                        with self.w.block(f"with record_function({'coil:' + step.name!r}):"):
+                            self.w.line(backend.call_line(module_var, step, step.args))
+                    else:
+                        self.w.line(backend.call_line(module_var, step, step.args))
                 else:
                     self._extern(step, set(self.plan.frees[i]))  # type: ignore[arg-type]
                 for name in self.plan.frees[i]:

@@ -164,6 +164,10 @@ HISTORY: tuple[Release, ...] = (
                "target's floor division, modulo, min/max and wide-integer spellings), "
                "INTEGER_IDENTITY_OPS, is_integer_identity, reduction_identity, lowest, highest"),
     )),
+    Release("0.18.0", (
+        Change("Config.profile_kernels: each generated kernel's launch inside a torch.profiler "
+               "range named coil:<kernel>"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -311,3 +311,20 @@ def test_env_flag_is_strict(monkeypatch):
     monkeypatch.setenv("COIL_NO_AUTOLOAD", "Yes")
     assert config.env_flag("COIL_NO_AUTOLOAD") is True
     assert os.environ["COIL_NO_AUTOLOAD"] == "Yes"
+
+
+def test_profile_kernels_names_each_kernel_in_profiler_tables():
+    x = torch.randn(64, 32)
+
+    def f(x):
+        return torch.softmax(x * 2, -1) + x.sum()
+    torch._dynamo.reset()
+    with config.override(profile_kernels=True):
+        fn = torch.compile(f, backend="coil")
+        fn(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            got = fn(x)
+    torch.testing.assert_close(got, f(x))
+    assert any(e.key.startswith("coil:k") for e in prof.key_averages()), [e.key for e in prof.key_averages()]
+    torch._dynamo.reset()
+    assert "record_function" not in coil.explain(f, x).graphs[0].wrapper_source  # off by default
