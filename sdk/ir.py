@@ -42,9 +42,24 @@ class Value:
         return ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Const(Value):
+    """A constant. Two float constants are equal when their ``repr``s are: ``0.0`` and
+    ``-0.0`` differ (``x + -0.0`` keeps a negative zero, ``x + 0.0`` does not, so a code
+    writer's common-subexpression elimination must not merge them), and every NaN equals
+    every other."""
+
     value: Any = 0
+
+    def _key(self) -> tuple[Any, ...]:
+        v = self.value
+        return (self.dtype, repr(v)) if isinstance(v, float) else (self.dtype, type(v) is bool, v)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Const and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
 
 
 @dataclass(frozen=True)

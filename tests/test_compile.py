@@ -367,3 +367,19 @@ def test_pow_by_small_integer_exponents_is_eagers_product(dtype):
     tol = {} if TEST_BACKEND == "cpu_cpp" else {"rtol": 2e-6 if dtype == torch.float32 else 1e-2, "atol": 0}
     torch.testing.assert_close(cube, torch.pow(x, 3.0), **(tol or {"rtol": 0, "atol": 0}))
     torch.testing.assert_close(inv_square, torch.pow(x, -2.0), **(tol or {"rtol": 0, "atol": 0}))
+
+
+@pytest.mark.parametrize("fn", [lambda x: ((x + 0.0) * 2, (x + -0.0) * 2),
+                                lambda x: x * -0.0 + x * 0.0,
+                                lambda x: (torch.where(x > 5, x, 0.0), torch.where(x > 5, x, -0.0))],
+                         ids=["add", "mul", "where"])
+def test_signed_zero_constants_are_not_merged(fn):
+    """``0.0`` and ``-0.0`` compare equal but give different results (``-0.0 + -0.0`` is
+    ``-0.0``, ``-0.0 + 0.0`` is ``0.0``): a code writer's common-subexpression elimination
+    once merged the two constants' expressions. assert_close does not see a zero's sign."""
+    torch._dynamo.reset()
+    x = torch.tensor([-0.0, 0.0, 1.0, -2.0, -0.0, 7.0])
+    got, expected = torch.compile(fn, backend="coil")(x), fn(x)
+    for g, e in zip(got if isinstance(got, tuple) else (got,), expected if isinstance(expected, tuple) else (expected,)):
+        torch.testing.assert_close(g, e)
+        assert torch.equal(torch.signbit(g), torch.signbit(e)), (g, e)

@@ -39,6 +39,8 @@ def literal(value: object, dtype: torch.dtype, shape: str) -> str:
         text = "1" if value else "0"
     elif dtype.is_floating_point:
         v = float(value)  # type: ignore[arg-type]
+        if v == 0 and math.copysign(1.0, v) < 0:  # Triton makes every constant equal to 0 a +0.0
+            return f"(tl.full({shape}, 0.0, {compute(dtype)}) * -1.0)"
         text = f'float("{v}")' if math.isnan(v) or math.isinf(v) else repr(v)
     else:
         text = str(int(value))  # type: ignore[call-overload]
