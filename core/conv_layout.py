@@ -43,7 +43,7 @@ def to_channels_last(gm: torch.fx.GraphModule, prefers: Callable[[torch.device],
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if not convs or not all(_static(n.meta.get("val")) for n in placeholders):
         return 0
-    output = next(n for n in graph.nodes if n.op == "output")
+    output = _output(graph)
     eager_outputs = {id(a): a.meta.get("val") for a in _flat(output.args[0]) if isinstance(a, torch.fx.Node)}
     clones = []
     for conv in convs:
@@ -82,7 +82,7 @@ def saved_output_positions(gm: torch.fx.GraphModule) -> frozenset[int]:
     context = torch._guards.TracingContext.try_get()
     try:
         where = context.fw_metadata.tensors_saved_for_backwards_slice  # type: ignore[union-attr]
-        output = next(n for n in gm.graph.nodes if n.op == "output")
+        output = _output(gm.graph)
         outs = output.args[0]
         if not isinstance(outs, (list, tuple)):
             return frozenset()
@@ -93,7 +93,7 @@ def saved_output_positions(gm: torch.fx.GraphModule) -> frozenset[int]:
 
 def output_strides(gm: torch.fx.GraphModule) -> list[tuple[int, ...] | None]:
     """Each output's strides as the graph's metadata holds them (None: not a tensor)."""
-    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output = _output(gm.graph)
     vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in _flat(output.args[0])]
     return [tuple(int(s) for s in v.stride()) if isinstance(v, torch.Tensor) else None for v in vals]
 
@@ -104,18 +104,14 @@ def adopt_input_layouts(gm: torch.fx.GraphModule, example_inputs: list[object]) 
     through the graph; its outputs keep the strides they were traced with. Returns whether
     anything changed; raises when the propagation fails."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    changed = False
-    for node, example in zip(placeholders, example_inputs):
-        traced = node.meta.get("val")
-        if (isinstance(traced, torch.Tensor) and isinstance(example, torch.Tensor)
-                and traced.stride() != example.stride()):
-            changed = True
-    if not changed:
+    if not any(isinstance(traced, torch.Tensor) and isinstance(example, torch.Tensor)
+               and traced.stride() != example.stride()
+               for traced, example in ((n.meta.get("val"), e) for n, e in zip(placeholders, example_inputs))):
         return False
     fake = torch._guards.detect_fake_mode([e for e in example_inputs if isinstance(e, torch.Tensor)])
     if fake is None:
         raise RuntimeError("the backward graph's inputs are not fake tensors")
-    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output = _output(gm.graph)
     traced_outputs = {id(a): a.meta.get("val") for a in _flat(output.args[0]) if isinstance(a, torch.fx.Node)}
     from torch.fx.passes.fake_tensor_prop import FakeTensorProp
     FakeTensorProp(gm, fake).propagate_dont_convert_inputs(*example_inputs)
@@ -145,6 +141,10 @@ def _keep_output_strides(graph: torch.fx.Graph, output: torch.fx.Node, eager: di
         output.args = (type(outs)(fix(i, a) for i, a in enumerate(outs)),)
     else:
         output.args = (fix(0, outs),)
+
+
+def _output(graph: torch.fx.Graph) -> torch.fx.Node:
+    return next(n for n in graph.nodes if n.op == "output")
 
 
 def _undo(graph: torch.fx.Graph, clones: list[torch.fx.Node]) -> None:

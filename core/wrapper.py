@@ -79,6 +79,8 @@ class WrapperWriter:
         self.launchers = launchers
         self.ns: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
                                    "reinterpret": reinterpret}
+        if profile_kernels:
+            self.ns["record_function"] = torch.profiler.record_function
         self.w = CodeWriter()
         self.bound: set[str] = set()
 
@@ -133,7 +135,6 @@ class WrapperWriter:
                 if isinstance(step, Kernel):
                     backend, module_var = self.launchers[step.name]
                     if self.profile_kernels:
-                        self.ns["record_function"] = torch.profiler.record_function
                         with self.w.block(f"with record_function({'coil:' + step.name!r}):"):
                             self.w.line(backend.call_line(module_var, step, step.args))
                     else:
