@@ -42,7 +42,7 @@ SUFFIX = ".graph"
 #: Names every wrapper's namespace starts with (``WrapperWriter``), restored by name.
 _WRAPPER_GLOBALS: dict[str, Any] = {
     "torch": torch, "empty_strided": torch.empty_strided, "reinterpret": wrapper_mod.reinterpret,
-    "restride": wrapper_mod.restride}
+    "restride": wrapper_mod.restride, "allocator": wrapper_mod.allocator}
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import torch
 from .config import Config
 
 #: Enters every key; raise it when what an entry holds or means changes.
-FORMAT = "coil-graph-cache-1"
+FORMAT = "coil-graph-cache-2"
 
 #: Knobs that change where files go or what is shown, never what a compile produces.
 NOT_IN_KEY = frozenset({"cache_dir", "debug_dir", "cache_max_bytes", "progress", "graph_cache",
