@@ -118,6 +118,19 @@ def test_scatter_and_index_put():
     check(lambda x, r, s: torch.index_put(x, (r,), s[:4], accumulate=True), x, rows, src)
 
 
+def test_scatter_of_one_element_per_line_is_a_fused_select():
+    """A scatter with an index of size 1 along its dim (cross-entropy's one-hot gradient) is a
+    select that fuses with its consumer: one kernel, no scatter written whole first."""
+    x = torch.randn(4, 7, 3)
+    along1 = torch.randint(0, 7, (4, 1, 3))
+    report = check(lambda x, i: torch.zeros_like(x).scatter(1, i, -1.0) * x + 1, x, along1)
+    assert len(report.kernels) == 1, [k.name for k in report.kernels]
+    check(lambda x, i, s: x.scatter(0, i, s) * 2, x, torch.randint(0, 4, (1, 7, 3)), torch.randn(1, 7, 3))
+    check(lambda x, i: x.to(torch.bfloat16).scatter(2, i, 3.0), x, torch.randint(0, 3, (4, 7, 1)))
+    # index narrower than x elsewhere: the general scatter, same values
+    check(lambda x, i: x.scatter(1, i[:2], -1.0), x, along1)
+
+
 def test_scans_cat_pad_where():
     x = torch.randn(5, 7)
     check(lambda x: (torch.cumsum(x, 1), torch.cumprod(x, 0)), x, atol=1e-5)

@@ -414,6 +414,33 @@ def test_misaligned_half_precision_matmuls_are_padded(backend, monkeypatch):
     assert "(40,)" in source and "(8, 24)" in source, source
 
 
+def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
+    """The backward of a vocabulary projection: the weight's gradient multiplies the logits'
+    gradient transposed (column-major, M = 37 rows), the input's gradient reads it as is
+    (K = 37). Both read one padding of it, 40 wide, and the gradients match eager's."""
+    from coil import pad_gemm
+    from coil.report import recording
+    monkeypatch.setattr(pad_gemm, "MIN_FLOPS", 1)
+    torch.manual_seed(0)
+    w = torch.randn(37, 24, dtype=torch.bfloat16, requires_grad=True)
+    h = torch.randn(16, 24, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.arange(16) % 37
+
+    def f(h, w):
+        return F.cross_entropy((h @ w.t()).float(), labels)
+
+    torch._dynamo.reset()
+    with recording() as report:
+        torch.compile(f, backend="coil")(h, w).backward()
+    got = (h.grad, w.grad)
+    h.grad = w.grad = None
+    f(h, w).backward()
+    for g, e in zip(got, (h.grad, w.grad)):
+        torch.testing.assert_close(g, e, atol=1e-2, rtol=1e-2)
+    backward = report.graphs[-1].wrapper_source
+    assert backward.count("((16, 40), (40, 1)") == 1 and "((40, 24), (24, 1)" in backward, backward
+
+
 def test_aligned_or_small_matmuls_are_not_padded(backend):
     lin = torch.nn.Linear(64, 1001).to(torch.bfloat16)
     with torch.no_grad():

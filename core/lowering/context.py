@@ -66,7 +66,9 @@ class LoweringContext:
         if isinstance(value, Realized):
             return value
         assert isinstance(value, Lazy), value
-        key = (id(value), layout)
+        # no layout asked for means contiguous: one key for both ways of asking
+        key = (id(value), layout if layout is not None else
+               Layout(value.dtype, value.device, tuple(value.size), ir.contiguous_strides(value.size)))
         known = self._realized.get(key)
         # the node that wrote it may have gone with a lowering that fell back
         if known is not None and known[2] < len(self.nodes) and self.nodes[known[2]].name == known[1].name:

@@ -214,7 +214,38 @@ def _scatter_dim(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorVa
 
 @lowering(aten.scatter.src, aten.scatter.value)
 def _scatter(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: Any) -> TensorValue:
+    if x.ndim and index.ndim == x.ndim:
+        one_per_line = _one_per_line(ctx, x, dim % x.ndim, index, src)
+        if one_per_line is not None:
+            return one_per_line
     return _scatter_dim(ctx, x, dim, index, src, None)
+
+
+def _one_per_line(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
+                  src: Any) -> TensorValue | None:
+    """A scatter writing one element per line along ``dim`` (``index`` of size 1 there and
+    ``x``'s size elsewhere) as a pointwise select: element ``i`` is ``src`` where ``i`` is its
+    line's index, else ``x``. Cross-entropy's backward scatters a one-hot this way (GPT-2:
+    8192 rows of 50257); as a select it fuses with what reads it instead of being written
+    whole first. None where the shapes differ (the general scatter)."""
+    same = all(sympy.simplify(index.size[d] - x.size[d]) == 0 for d in range(x.ndim) if d != dim)
+    if not same or index.size[dim] != 1:
+        return None
+    if isinstance(src, TensorValue) and (src.ndim != x.ndim or any(
+            sympy.simplify(src.size[d] - index.size[d]) != 0 for d in range(x.ndim))):
+        return None
+    dtype = x.dtype
+    check_dtype(dtype, ctx.origin)
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        line = list(idx)
+        line[dim] = sympy.Integer(0)
+        hit = ir.Op(torch.bool, name="eq", args=(ir.IndexValue(torch.int64, expr=idx[dim]),
+                                                 cast(index.load(line), torch.int64)))
+        value = src.load(line) if isinstance(src, TensorValue) else const(src, dtype)
+        return ir.Op(dtype, name="where", args=(hit, cast(value, dtype), x.load(idx)))
+
+    return lazy(dtype, x.device, tuple(x.size), fn)
 
 
 @lowering(aten.scatter_add.default)
