@@ -103,3 +103,26 @@ def test_division_by_a_row_invariant_matches_eager_at_the_edges():
     assert "static_cast<double>" in r.kernels[0].source
     y = torch.rand(16, 300) + 0.5
     check(lambda y: y / y.amax(-1, keepdim=True) + y / 3.0, y, atol=0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eval_batch_norm_computes_its_per_channel_scale_once_per_row(dtype):
+    """An eval-mode batch norm over NCHW: ``weight / sqrt(var + eps)`` depends on the channel
+    only, so it is computed before the innermost (W) loop, not at every element."""
+    bn = torch.nn.BatchNorm2d(6).eval()
+    bn.running_var.uniform_(0.5, 2.0)
+    bn.running_mean.normal_()
+    bn = bn.to(dtype)
+    x = torch.randn(2, 6, 5, 7).to(dtype)
+    with torch.no_grad():
+        r = check(lambda x: F.relu(bn(x)), x, atol=_tol(dtype), rtol=_tol(dtype))
+    source = r.kernels[0].source
+    assert source.index("std::sqrt") < source.index("#pragma omp simd"), source
+
+
+def test_row_invariant_integer_division_matches_eager():
+    """Integer divisions by a value the same along the row stay in the loop (never hoisted
+    out of a body that guards them); the results are eager's."""
+    x = torch.randint(-50, 50, (4, 9), dtype=torch.int64)
+    d = torch.tensor([[0], [3], [0], [-7]], dtype=torch.int64)
+    check(lambda x, d: torch.where(d != 0, x % torch.where(d == 0, 1, d), -1) + x // (d * d + 1), x, d)

@@ -16,7 +16,7 @@ from . import reduction_loops, special, template
 from .accumulators import accumulator
 from .cpp import for_header, idx, parallel_if
 from .divmod_split import innermost_split
-from .hoist import reciprocal
+from .hoist import hoist_row_invariants, reciprocal
 from .tiling import TILE, transpose_tiles
 from .optable import CTYPES, OPS, literal
 
@@ -109,6 +109,14 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             self.w.line(f"#pragma omp parallel for simd {points}")
         else:
             self.w.line(f"#pragma omp parallel for collapse({len(ranges) - 1}) {points}")
+        if split is None and len(ranges) > 1:
+            # what stays the same along the innermost loop, once per pass of it
+            with self.loops(names[:-1], ranges[:-1]):
+                row: ValueScope[str] = ValueScope()
+                hoist_row_invariants(self, [kn.body for kn in nodes], self.k.x_vars[-1], row)
+                with self.loops(names[-1:], ranges[-1:], "#pragma omp simd"):
+                    self.emit_nodes(nodes, ValueScope(row))
+            return
         with self.loops(names, ranges, "#pragma omp simd" if len(ranges) > 1 else ""):
             if split is not None:
                 self.w.line(f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};")

@@ -1,7 +1,10 @@
 """Hoisting: the parts of an r loop's bodies that are the same at every reduced point (a
-``log`` of a row's sum, a read of a scalar tensor) are computed once, before the loop. GCC
-cannot do it itself: the loads might alias the loop's stores, and it does not move vector
-math calls out of loops."""
+``log`` of a row's sum, a read of a scalar tensor) are computed once, before the loop; and
+the parts of a pointwise kernel's body that are the same along its innermost loop (an
+eval-mode batch norm's per-channel ``weight / sqrt(var + eps)`` over an NCHW row) once per
+row, before that loop. GCC cannot do it itself: the loads might alias the loop's stores,
+and it does not move vector math calls out of loops. Integer divisions stay where they are:
+a hoisted one would run where the body's select skips it (a division by zero)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
@@ -19,13 +22,33 @@ if TYPE_CHECKING:
 def hoist_invariants(kw: KernelWriter, loop: Loop, scope: ValueScope[str]) -> None:
     """Emit the invariant parts of ``loop``'s bodies into ``scope``, ahead of the loop, and
     the reciprocal of every invariant divisor of a float division (see :func:`reciprocal`)."""
-    invariant = _Invariance(kw)
-    for kn in loop.nodes:
-        for v in unmasked(kn.body):
-            if isinstance(v, (Op, Cast)) and invariant(v):
+    _hoist(kw, [kn.body for kn in loop.nodes], _Invariance(kw, set(kw.k.r_vars)), scope)
+
+
+def hoist_row_invariants(kw: KernelWriter, bodies: list[Value], var: sympy.Symbol,
+                         scope: ValueScope[str]) -> int:
+    """Emit the parts of a pointwise kernel's ``bodies`` that do not change along its
+    innermost loop variable ``var`` into ``scope``, ahead of that loop; returns how many.
+    Math ops, casts and the loads they leave (a per-channel parameter), not constants."""
+    return _hoist(kw, bodies, _Invariance(kw, {var}), scope, loads=True)
+
+
+_INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
+
+
+def _hoist(kw: KernelWriter, bodies: list[Value], invariant: _Invariance, scope: ValueScope[str],
+           loads: bool = False) -> int:
+    hoisted = 0
+    kinds = (Op, Cast, Load) if loads else (Op, Cast)
+    for body in bodies:
+        for v in unmasked(body):
+            if isinstance(v, kinds) and invariant(v):
                 kw.value(v, scope)
+                hoisted += 1
             elif _divides_by(v) and invariant(v.args[1]):  # type: ignore[attr-defined]
                 kw.value(reciprocal(v), scope)  # type: ignore[arg-type]
+                hoisted += 1
+    return hoisted
 
 
 def reciprocal(v: Op) -> Op:
@@ -53,11 +76,12 @@ def unmasked(v: Value) -> Iterator[Value]:
 
 
 class _Invariance:
-    """Whether a value is the same at every point of the r loops, memoised by identity."""
+    """Whether a value is the same at every point of the loops over ``loop_vars``, memoised
+    by identity."""
 
-    def __init__(self, kw: KernelWriter) -> None:
+    def __init__(self, kw: KernelWriter, loop_vars: set[sympy.Symbol]) -> None:
         self.kw = kw
-        self.r_vars = set(kw.k.r_vars)
+        self.r_vars = loop_vars
         self.written = {s for loop in kw.k.loops for kn in loop.nodes for s in kn.stores}
         self.known: dict[int, bool] = {}
 
@@ -73,6 +97,8 @@ class _Invariance:
             return self._fixed(v) and not v.indirect and not self._on_r(v.index)
         if isinstance(v, IndexValue):
             return not self._on_r(v.expr)
+        if isinstance(v, Op) and v.name in _INTEGER_DIVISIONS and not v.dtype.is_floating_point:
+            return False
         if isinstance(v, (Op, Cast)):
             return all(self(c) for c in v.children())
         return False
