@@ -571,7 +571,6 @@ def _resolve_storage(kn: KernelNode, storage: object) -> KernelNode:
     def fix(ld: ir.Load) -> ir.Value | None:
         target = storage(ld.buffer)  # type: ignore[operator]
         if target != ld.buffer:
-            import dataclasses
             return dataclasses.replace(ld, buffer=target)
         return None
     body = ir.replace_loads(kn.body, fix)

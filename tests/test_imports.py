@@ -168,19 +168,9 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _UNREVIEWED,
     ("coil_cuda_triton.launch", "coil_cuda_triton.raw_launch"):
         _UNREVIEWED,
-    ("coil_cuda_triton.online_softmax", "coil_cuda_triton.codegen"):
-        _CYCLE_TODO,
     ("coil_cuda_triton.special", "coil.sdk"):
         _NEEDLESS,
     ("coil_cuda_triton.special", "coil_cuda_triton.indexing"):
-        _NEEDLESS,
-    ("coil_cuda_triton.split", "coil.sdk"):
-        _NEEDLESS,
-    ("coil_cuda_triton.split", "coil_cuda_triton.codegen"):
-        _CYCLE_TODO,
-    ("coil_cuda_triton.split", "coil_cuda_triton.optable"):
-        _NEEDLESS,
-    ("coil_cuda_triton.split", "coil_cuda_triton.reductions"):
         _NEEDLESS,
     ("coil_template_gemm", "coil_template_gemm.cpp_gemm"):
         _LAZY_PLUGIN,

@@ -10,55 +10,34 @@ elements) in one of two shapes chosen by the length of the reduced row:
   blocks of the row with per-lane accumulators (:mod:`.reductions`).
 
 Masks exist only where sizes need them: a kept or reduced extent known to divide by every
-block size the autotuner may pick has no mask."""
+block size the autotuner may pick has no mask.
+
+Two strategies write their part of a kernel their own way when their pattern matches: split
+reductions (:mod:`.split`) and the online softmax (:mod:`.online_softmax`). They drive the
+writer only through its interface to them, :class:`.strategy.Writer`, which
+:class:`KernelWriter` implements (the methods under "the strategies' interface" below)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import contextlib
+from typing import Iterator, Sequence
 
 import sympy
 import torch
 
 from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Loop,
                       Masked, Op, ReductionNode, ScanNode, ScatterNode, Value, loads, walk)
-from coil.sdk.codegen import ValueScope, ValueVisitor, is_integer_identity
+from coil.sdk.codegen import ValueVisitor, is_integer_identity
 
 from . import configs, indexing, online_softmax, split
 from .indexing import IndexWriter, Level, Run
 from .optable import HALF, OPS, POINTER, STORAGE, compute, literal
 from .reductions import Reduction
+from .source import KernelSource
+from .strategy import Scope
 
 #: Longest reduced row (elements) kept whole in registers.
 PERSISTENT_LIMIT = 8192
 INT32_LIMIT = 2**31 - 1
-
-
-@dataclass
-class KernelSource:
-    """A generated kernel and what its launcher needs to know."""
-
-    name: str
-    source: str
-    #: Parameters in launch order (pointers, then sizes), with signature types.
-    params: list[str]
-    types: list[str]
-    #: "pointwise" | "persistent" | "looped" | "scan" | "scatter"
-    shape: str
-    xnumel: sympy.Expr
-    rnumel: sympy.Expr = sympy.Integer(1)
-    #: Launch configurations the autotuner chooses from (static sizes; symbolic ones get
-    #: candidates per size bucket from :func:`configs.candidates`).
-    configs: list[configs.Config] = field(default_factory=list)
-    #: True when the reduction's accesses are contiguous along the kept dims (``x.sum(0)``).
-    x_contiguous: bool = False
-    #: Buffers whose pointer is a parameter (inputs then outputs) in ``params`` order.
-    buffers: list[str] = field(default_factory=list)
-    #: (elements, dtype) of scratch buffers the launcher allocates (split reductions).
-    workspaces: list = field(default_factory=list)
-    #: Whether the source masks the kept / reduced extents (else blocks must divide them).
-    xmask: bool = True
-    rmask: bool = True
-    #: Template kernels: (batch, rows, columns) of the product, for the launch grid.
-    grid_dims: tuple[int, int, int] | None = None
 
 
 def _static(e: sympy.Expr) -> int | None:
@@ -66,16 +45,10 @@ def _static(e: sympy.Expr) -> int | None:
     return int(e) if e.is_number else None
 
 
-class Scope(ValueScope[str]):
-    """Values already computed in the current straight-line region, and the load mask (a
-    scope built without one takes its parent's)."""
-
-    def __init__(self, parent: Scope | None = None, mask: str | None = None) -> None:
-        super().__init__(parent)
-        self.mask = mask if mask is not None or parent is None else parent.mask
-
-
 class KernelWriter(ValueVisitor[Scope, str]):
+    """Writes a kernel's Triton functions (:meth:`generate`); implements
+    :class:`.strategy.Writer` for the strategies it calls."""
+
     def __init__(self, kernel: Kernel, interpret: bool = False, bounds_check: bool = False) -> None:
         self.k = kernel
         self.interpret = interpret
@@ -148,13 +121,35 @@ class KernelWriter(ValueVisitor[Scope, str]):
                 return True
         return False
 
+    # -- the strategies' interface (strategy.Writer; also mask, value, and the attributes
+    #    k, w, interpret, xnumel, rnumel, rnumel_text, x_contiguous, rmask)
+
     def mask(self, level: str) -> str | None:
+        """The mask of loads and stores at ``level``, or None."""
         parts = []
         if self.xmask:
             parts.append("xmask")
         if level == "r" and self.rmask:
             parts.append("rmask")
         return " & ".join(parts) or None
+
+    @contextlib.contextmanager
+    def loop_values(self) -> Iterator[None]:
+        """Values stored inside (an r-level loop's pointwise results) are forgotten after:
+        they do not outlive their loop."""
+        saved = dict(self.regs)
+        yield
+        self.regs = saved
+
+    def mask_everything(self) -> None:
+        """Mask every later store by ``xmask`` (and ``rmask`` at level r)."""
+        self.xmask, self.rmask = True, True
+
+    def begin_kernel(self) -> CodeWriter:
+        """Write another function of this kernel into a new code writer (returned); what
+        the previous function holds in registers is gone."""
+        self.w, self.regs = CodeWriter(), {}
+        return self.w
 
     # -- entry
 
@@ -181,7 +176,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
             else:
                 self._prologue()
                 scope = Scope(mask=self.mask("x"))
-                self._emit(k.nodes, "x", scope)
+                self.emit(k.nodes, "x", scope)
         return KernelSource(k.name, self.w.text(), params, types, self.shape, self.xnumel, self.rnumel,
                             self.configs, self.x_contiguous, k.inputs + k.outputs,
                             xmask=self.xmask, rmask=self.rmask)
@@ -210,22 +205,24 @@ class KernelWriter(ValueVisitor[Scope, str]):
         if self.rmask:
             w.line(f"rmask = rindex < {self.rnumel_text}")
         self.define_x()
-        self._define_r(self.k.nodes)
-        self._emit(self.k.nodes, "r", Scope(mask=self.mask("r")))
+        self.define_r(self.k.nodes)
+        self.emit(self.k.nodes, "r", Scope(mask=self.mask("r")))
 
     def define_x(self) -> None:
+        """The kept dims' index variables the kernel's accesses use."""
         w = self.w
         runs = set()
         for kn in self.k.nodes:
-            for e in _indices(kn):
+            for e in node_indices(kn):
                 runs |= {r for r in self.ix.split(e)[1] if r.prefix == "x"}
         for run in sorted(runs, key=lambda r: (r.lo, r.hi)):
             w.line(self.levels["x"].definition(run))
 
-    def _define_r(self, nodes: list[KernelNode]) -> None:
+    def define_r(self, nodes: Sequence[KernelNode]) -> None:
+        """The reduced dims' index variables that ``nodes`` use."""
         runs: set[Run] = set()
         for kn in nodes:
-            for e in _indices(kn):
+            for e in node_indices(kn):
                 runs |= {r for r in self.ix.split(e)[1] if r.prefix == "r"}
         for run in sorted(runs, key=lambda r: (r.lo, r.hi)):
             self.w.line(self.levels["r"].definition(run))
@@ -238,7 +235,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
             w.line("rindex = rbase")
             if self.rmask:
                 w.line(f"rmask = rindex < {self.rnumel_text}")
-            self._define_r([kn for loop in self.k.loops if loop.level == "r" for kn in loop.nodes])
+            self.define_r([kn for loop in self.k.loops if loop.level == "r" for kn in loop.nodes])
         stored_r: set[str] = set()
         loops = list(self.k.loops)
         read: set[str] = set()  # buffers the loops so far load
@@ -251,7 +248,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
                 w.line("tl.debug_barrier()")
             start = i
             if loop.level == "x":
-                self._emit(loop.nodes, "x", Scope(mask=self.mask("x")))
+                self.emit(loop.nodes, "x", Scope(mask=self.mask("x")))
             elif self.shape == "persistent":
                 self._persistent_loop(loop)
             elif i + 1 < len(loops) and online_softmax.matches(loop, loops[i + 1]):
@@ -281,9 +278,9 @@ class KernelWriter(ValueVisitor[Scope, str]):
                 red = Reduction(kn.node.name, kn.node.reduction_type, kn.node.acc_dtype, kn.body.dtype)
                 results = red.persistent(self.w, v, self.mask("r") if self.rmask else None, "rindex",
                                          self.rnumel_text)
-                self._reduction_results(kn, results)
+                self.store_results(kn, results)
             else:
-                self._emit([kn], "r", scope)
+                self.emit([kn], "r", scope)
 
     def _looped_loop(self, loop: Loop) -> None:
         w = self.w
@@ -296,21 +293,22 @@ class KernelWriter(ValueVisitor[Scope, str]):
             w.line("rindex = roffset + rbase")
             if self.rmask:
                 w.line(f"rmask = rindex < {self.rnumel_text}")
-            self._define_r(loop.nodes)
+            self.define_r(loop.nodes)
             scope = Scope(mask=self.mask("r"))
-            saved = dict(self.regs)
-            for kn in loop.nodes:
-                if isinstance(kn.node, ReductionNode):
-                    v = self.value(kn.body, scope)
-                    reds[kn.node.name].update(w, v, self.mask("r") if self.rmask else None, "rindex")
-                else:
-                    self._emit([kn], "r", scope)
-            self.regs = saved  # r-level values do not outlive their loop
+            with self.loop_values():
+                for kn in loop.nodes:
+                    if isinstance(kn.node, ReductionNode):
+                        v = self.value(kn.body, scope)
+                        reds[kn.node.name].update(w, v, self.mask("r") if self.rmask else None, "rindex")
+                    else:
+                        self.emit([kn], "r", scope)
         for kn in loop.nodes:
             if isinstance(kn.node, ReductionNode):
-                self._reduction_results(kn, reds[kn.node.name].finish(w))
+                self.store_results(kn, reds[kn.node.name].finish(w))
 
-    def _reduction_results(self, kn: KernelNode, results: list[str]) -> None:
+    def store_results(self, kn: KernelNode, results: Sequence[str]) -> None:
+        """A reduction's finished results (one variable per output) stored at the kept
+        points, or kept in registers for internal outputs."""
         node = kn.node
         assert isinstance(node, ReductionNode)
         for i, (out, res) in enumerate(zip(node.outputs(), results)):
@@ -318,7 +316,9 @@ class KernelWriter(ValueVisitor[Scope, str]):
 
     # -- nodes
 
-    def _emit(self, nodes: list[KernelNode], level: str, scope: Scope) -> None:
+    def emit(self, nodes: Sequence[KernelNode], level: str, scope: Scope) -> None:
+        """Compute and store each of ``nodes`` at ``level`` (a reduction only where it
+        reduces no elements)."""
         for kn in nodes:
             if isinstance(kn.node, ReductionNode):
                 self._one_point_reduction(kn, scope)
@@ -378,6 +378,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
         return f"t{self.counter}"
 
     def value(self, v: Value, scope: Scope) -> str:
+        """The variable holding ``v``, written first unless ``scope`` or a register has it."""
         got = scope.get(v)
         if got is not None:
             return got
@@ -513,7 +514,8 @@ def _index_values(v: Value) -> list[IndexValue]:
     return [x for x in walk(v) if isinstance(x, IndexValue)]
 
 
-def _indices(kn: KernelNode) -> list[sympy.Expr]:
+def node_indices(kn: KernelNode) -> list[sympy.Expr]:
+    """Every index expression a kernel node uses: its store, its loads, indices as data."""
     out = [kn.store_index] + [ld.index for ld in _loads(kn.body)]
     out += [x.expr for x in walk(kn.body) if isinstance(x, IndexValue)]
     return out

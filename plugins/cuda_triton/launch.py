@@ -178,6 +178,14 @@ class Launcher:
         for cfg in self.to_build():
             self.binary(cfg)
 
+    def winner(self, bucket: Any = None) -> Config | None:
+        """The configuration launches of a size bucket use (None: static sizes), once chosen."""
+        return self._winners.get(bucket)
+
+    def pin(self, cfg: Config, bucket: Any = None) -> None:
+        """Launch ``cfg`` for the size bucket from now on, without tuning (chosen elsewhere)."""
+        self._winners[bucket] = cfg
+
     # -- launching
 
     def __call__(self, stream: Any, *args: Any) -> None:

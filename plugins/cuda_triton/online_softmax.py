@@ -8,14 +8,10 @@ exponentials relative to it, rescaling the sum whenever the maximum grows
 same way. Both results are then exact up to rounding, from a single read."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from coil.sdk import Cast, KernelNode, Load, Loop, Op, ReductionNode, Value
 
 from .optable import compute, literal
-
-if TYPE_CHECKING:
-    from .codegen import KernelWriter
+from .strategy import Scope, Writer
 
 BLOCK = "[XBLOCK, RBLOCK]"
 
@@ -48,9 +44,8 @@ def matches(first: Loop, second: Loop) -> bool:
             and _strip_casts(m.body) == b)
 
 
-def emit(kw: "KernelWriter", m: KernelNode, s: KernelNode) -> None:
+def emit(kw: Writer, m: KernelNode, s: KernelNode) -> None:
     """The fused loop, then both results stored (or kept) like any reduction's."""
-    from .codegen import Scope
     w = kw.w
     acc_t = compute(m.node.acc_dtype)  # type: ignore[union-attr]
     # the hardware exponential: the rescaling factors need no more than its ~2 ulp, and the
@@ -67,21 +62,20 @@ def emit(kw: "KernelWriter", m: KernelNode, s: KernelNode) -> None:
         w.line("rindex = roffset + rbase")
         if kw.rmask:
             w.line(f"rmask = rindex < {kw.rnumel_text}")
-        kw._define_r([m])
-        saved = dict(kw.regs)
-        v = kw.value(m.body, Scope(mask=kw.mask("r")))
-        full = f"tl.broadcast_to(({v}).to({acc_t}), {BLOCK})"
-        w.line(f"{n}_b = tl.where({mask}, {full}, {neg_inf})" if mask else f"{n}_b = {full}")
-        w.line(f"{n}_new = max_nan({n}_m, {n}_b)")
-        # a lane that has seen only -inf keeps sum 0 (exp(-inf - -inf) would be NaN)
-        alpha = exp([f"{n}_m - {n}_new"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
-        term = exp([f"{n}_b - {n}_new"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
-        w.line(f"{n}_live = {n}_new != float('-inf')")
-        w.line(f"{n}_s = tl.where({n}_live, {n}_s * {alpha} + {term}, {n}_s)")
-        w.line(f"{n}_m = {n}_new")
-        kw.regs = saved
+        kw.define_r([m])
+        with kw.loop_values():
+            v = kw.value(m.body, Scope(mask=kw.mask("r")))
+            full = f"tl.broadcast_to(({v}).to({acc_t}), {BLOCK})"
+            w.line(f"{n}_b = tl.where({mask}, {full}, {neg_inf})" if mask else f"{n}_b = {full}")
+            w.line(f"{n}_new = max_nan({n}_m, {n}_b)")
+            # a lane that has seen only -inf keeps sum 0 (exp(-inf - -inf) would be NaN)
+            alpha = exp([f"{n}_m - {n}_new"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
+            term = exp([f"{n}_b - {n}_new"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
+            w.line(f"{n}_live = {n}_new != float('-inf')")
+            w.line(f"{n}_s = tl.where({n}_live, {n}_s * {alpha} + {term}, {n}_s)")
+            w.line(f"{n}_m = {n}_new")
     w.line(f"{n}_rm = tl.reduce({n}_m, 1, max_nan)[:, None]")
     scale = exp([f"{n}_m - {n}_rm"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
     w.line(f"{n}_rs = tl.sum(tl.where({n}_m != float('-inf'), {n}_s * {scale}, 0.0), 1)[:, None]")
-    kw._reduction_results(m, [f"{n}_rm"])
-    kw._reduction_results(s, [f"{n}_rs"])
+    kw.store_results(m, [f"{n}_rm"])
+    kw.store_results(s, [f"{n}_rs"])

@@ -24,7 +24,10 @@ BLOCK = "[XBLOCK, RBLOCK]"
 identity = reduction_identity
 
 
-def _combine_fn(kind: str, dtype: torch.dtype) -> str:
+def combine_fn(kind: str, dtype: torch.dtype) -> str:
+    """The name of the function that combines two states of a reduction (for ``tl.reduce``
+    and the looped update): :mod:`.runtime_lib`'s (NaN-propagating) for floats, Triton's own
+    for integers."""
     if kind in ("max", "argmax"):
         return "max_nan" if dtype.is_floating_point else "tl.maximum"
     if kind in ("min", "argmin"):
@@ -38,7 +41,7 @@ def _final(kind: str, acc: str, dtype: torch.dtype) -> str:
         return f"tl.sum({acc}, 1)[:, None]"
     if kind in ("max", "min") and not dtype.is_floating_point:
         return f"tl.{kind}({acc}, 1)[:, None]"
-    return f"tl.reduce({acc}, 1, {_combine_fn(kind, dtype)})[:, None]"
+    return f"tl.reduce({acc}, 1, {combine_fn(kind, dtype)})[:, None]"
 
 
 class Reduction:
@@ -122,7 +125,7 @@ class Reduction:
             w.line(f"{n}_i = tl.broadcast_to({rindex}, {BLOCK}).to(tl.int64)")
             w.line(f"{n}_acc, {n}_idx = {kind}_combine({n}_acc, {n}_idx, {n}_v, {n}_i)")
             return
-        w.line(f"{n}_acc = {_combine_fn(kind, self.acc_dtype)}({n}_acc, {n}_v)")
+        w.line(f"{n}_acc = {combine_fn(kind, self.acc_dtype)}({n}_acc, {n}_v)")
 
     def finish(self, w: CodeWriter) -> list[str]:
         n, kind = self.name, self.kind

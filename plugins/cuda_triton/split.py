@@ -19,18 +19,18 @@ program per channel took 3.7 ms on the H200), give each program one kept point a
 row of its chunk instead."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import sympy
+import torch
 
 from coil.sdk import ReductionNode
 
 from .configs import Config, pow2_at_least
-from .optable import POINTER, STORAGE
-from .reductions import Reduction, _combine_fn, welford_lanes
-
-if TYPE_CHECKING:
-    from .codegen import KernelSource, KernelWriter
+from .optable import POINTER, STORAGE, literal
+from .reductions import Reduction, combine_fn, identity, welford_lanes
+from .source import KernelSource
+from .strategy import Scope, Writer
 
 SPLITTABLE = ("sum", "prod", "max", "min", "any", "all", "welford")
 #: Programs to aim for: a few waves of the H200's 132 SMs.
@@ -50,12 +50,12 @@ LEAST_STRIDED_ROW = 16384
 WELFORD_FIELDS = ("mean", "m2", "n")
 
 
-def _rows(kw: "KernelWriter") -> bool:
+def _rows(kw: Writer) -> bool:
     """Whether each program reduces one kept point's chunk as a row of long blocks."""
     return int(kw.xnumel) == 1 or not kw.x_contiguous
 
 
-def splits(kw: "KernelWriter") -> int:
+def splits(kw: Writer) -> int:
     """How many chunks to cut the reduced range into (1: do not split)."""
     k = kw.k
     xn, rn = kw.xnumel, kw.rnumel
@@ -66,7 +66,7 @@ def splits(kw: "KernelWriter") -> int:
     if rows and xn > 1 and rn < LEAST_STRIDED_ROW:
         return 1
     loops = k.loops
-    if not loops or loops[0].level != "r" or rn < 1024 or getattr(k, "inplace", None):
+    if not loops or loops[0].level != "r" or rn < 1024 or k.inplace:
         return 1
     if len(loops) > 2 or (len(loops) == 2 and loops[1].level != "x"):
         return 1  # one pass over the reduced range, then at most an epilogue at the kept points
@@ -84,7 +84,7 @@ def splits(kw: "KernelWriter") -> int:
     return max(2, min(MOST_SPLITS, pow2_at_least(TARGET_PROGRAMS // blocks), rn // (4 * rblock)))
 
 
-def _reductions(kw: "KernelWriter") -> list[Any]:
+def _reductions(kw: Writer) -> list[Any]:
     return [kn for kn in kw.k.loops[0].nodes if isinstance(kn.node, ReductionNode)]
 
 
@@ -97,13 +97,13 @@ def _workspaces_of(node: ReductionNode) -> list[tuple[str, Any]]:
     return [(f"p_ws_{node.name}", dtype)]
 
 
-def workspaces(kw: "KernelWriter") -> list[tuple[str, Any]]:
+def workspaces(kw: Writer) -> list[tuple[str, Any]]:
     """(parameter name, torch dtype) of every workspace, reduction by reduction."""
     return [ws for kn in _reductions(kw) for ws in _workspaces_of(kn.node)]
 
 
-def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
-    from .codegen import KernelSource, Scope
+def generate(kw: Writer, split: int) -> list[KernelSource]:
+    """The partial and the combining kernel, written through ``kw``."""
     k, w = kw.k, kw.w
     ws = workspaces(kw)
     params = [f"p_{b}" for b in k.inputs + k.outputs] + [p for p, _ in ws] + [s.name for s in k.size_args]
@@ -125,7 +125,7 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
         w.line(f"xindex = (pid % {blocks}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         w.line(f"xmask = xindex < {xn}")
         w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
-        kw.xmask, kw.rmask = True, True
+        kw.mask_everything()
         kw.define_x()
         loop = k.loops[0]
         reds = {kn.node.name: Reduction(kn.node.name, kn.node.reduction_type, kn.node.acc_dtype, kn.body.dtype)  # type: ignore[union-attr]
@@ -136,14 +136,14 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
         with w.block(f"for roffset in range({start}, {start} + {chunk}, RBLOCK):"):
             w.line("rindex = roffset + rbase")
             w.line(f"rmask = rindex < {rn}")
-            kw._define_r(loop.nodes)
+            kw.define_r(loop.nodes)
             scope = Scope(mask="xmask & rmask")
             for kn in loop.nodes:
                 if isinstance(kn.node, ReductionNode):
                     v = kw.value(kn.body, scope)
                     reds[kn.node.name].update(w, v, "xmask & rmask", "rindex")
                 else:
-                    kw._emit([kn], "r", scope)
+                    kw.emit([kn], "r", scope)
         for kn, red in zip(_reductions(kw), reds.values()):
             if red.kind == "welford":  # the count too: chunks' counts differ where masks cut them
                 n = red.name
@@ -157,8 +157,7 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
                          k.inputs + k.outputs + [p[2:] for p, _ in ws], xmask=True, rmask=True,
                          workspaces=[(split * xn, d) for _, d in ws])
     # -- combine the partials, then the epilogue at the kept points
-    from coil.sdk import CodeWriter
-    w2 = CodeWriter()
+    w2 = kw.begin_kernel()
     name = f"{k.name}_combine"
     sblock = pow2_at_least(split)
     w2.line("@jit")
@@ -167,7 +166,6 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
         w2.line(f"xmask = xindex < {xn}")
         w2.line("sindex = tl.arange(0, RBLOCK)[None, :]")
         w2.line(f"smask = sindex < {split}")
-        kw.w, kw.regs = w2, {}  # the writer now writes the second kernel
         kw.define_x()
         for i, kn in enumerate(_reductions(kw)):
             node = kn.node
@@ -185,21 +183,17 @@ def generate(kw: "KernelWriter", split: int) -> list["KernelSource"]:
                 if kind == "sum":
                     w2.line(f"r{i} = tl.sum(v, 1)[:, None]")
                 else:
-                    w2.line(f"r{i} = tl.reduce(v, 1, {_combine_fn(kind, dtype)})[:, None]")
+                    w2.line(f"r{i} = tl.reduce(v, 1, {combine_fn(kind, dtype)})[:, None]")
                 results = [f"r{i}"]
-            for j, (out, res) in enumerate(zip(node.outputs(), results)):  # type: ignore[union-attr]
-                kw._store(out, kn.stores[j] if len(kn.stores) > j else out, kn.store_index, res,
-                          node.layout.dtype, "x")  # type: ignore[union-attr]
+            kw.store_results(kn, results)
         if len(k.loops) == 2:
-            kw._emit(k.loops[1].nodes, "x", Scope(mask="xmask"))
+            kw.emit(k.loops[1].nodes, "x", Scope(mask="xmask"))
     second = KernelSource(name, w2.text(), params, types, "pointwise-2d", sympy.Integer(xn), sympy.Integer(split),
                           [Config(64, sblock, num_warps=4)], False, first.buffers, xmask=True, rmask=True)
     return [first, second]
 
 
 def _neutral(red: Reduction, dtype: Any) -> str:
-    from .optable import literal
-    from .reductions import identity
     return literal(identity(red.kind, dtype), dtype, "[1, 1]")
 
 
@@ -212,7 +206,6 @@ class SplitLauncher:
         self.ws = ws  # (elements, dtype) per workspace
 
     def __call__(self, stream: Any, *args: Any) -> None:
-        import torch
         device = args[0].device
         spaces = [torch.empty(n, dtype=d, device=device) for n, d in self.ws]
         full = (*args[:self.n_buffers], *spaces, *args[self.n_buffers:])

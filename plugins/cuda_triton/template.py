@@ -24,7 +24,7 @@ import torch
 from coil.sdk import Kernel, Load
 
 from . import autotune, indexing
-from .codegen import KernelSource, KernelWriter, Scope, _indices
+from .codegen import KernelSource, KernelWriter, Scope, node_indices
 from .configs import Config
 from .indexing import IndexWriter, Level
 from .optable import POINTER
@@ -91,7 +91,7 @@ class TemplateWriter(KernelWriter):
             self._define_runs()
             scope = Scope(mask=self.mask("r"))
             self._product(scope)
-            self._emit(k.nodes, "r", scope)
+            self.emit(k.nodes, "r", scope)
         b, m_, n_ = (int(v) for v in problem.static_sizes()[:3])
         return KernelSource(k.name, w.text(), params, types, "template", self.xnumel, self.rnumel,
                             self.configs, False, k.inputs + k.outputs, xmask=self.xmask,
@@ -125,7 +125,7 @@ class TemplateWriter(KernelWriter):
     def _define_runs(self) -> None:
         exprs = [self.call.store_index] + ([self._bias_index()] if self.call.bias is not None else [])
         for kn in self.k.nodes:
-            exprs += _indices(kn)
+            exprs += node_indices(kn)
         runs = set()
         for e in exprs:
             runs |= self.ix.split(e)[1]
@@ -179,7 +179,7 @@ class TemplateLauncher:
     def describe(self) -> str:
         """The choice, once made: "template (its configuration)" or "library"."""
         if self.choice == "template":
-            winner = self.fused._winners.get(None)
+            winner = self.fused.winner()
             return f"template ({winner})" if winner is not None else "template"
         return self.choice
 
@@ -224,7 +224,7 @@ class TemplateLauncher:
             self.choice = "library"
             return self._library
         self.choice = "template"
-        self.fused._winners[None] = cached
+        self.fused.pin(cached)
         return self.fused
 
     def _library(self, stream: Any, *args: Any) -> None:
