@@ -1,14 +1,16 @@
 """Test helpers: run a function eagerly and through Coil, and compare."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pytest
 import torch
 
 import coil
+from coil import plugins
 
 
 def check(fn: Callable[..., Any], *args: Any, atol: float = 1e-5, rtol: float = 1e-5,
@@ -28,3 +30,41 @@ def matches_golden(text: str, path: Path, what: str) -> None:
         if os.environ.get("COIL_UPDATE_GOLDEN") != "1":
             pytest.fail(f"wrote missing golden file {path}; check it in")
     assert text == path.read_text(), f"{what} changed; see {path}"
+
+
+@contextlib.contextmanager
+def cpu_tensors() -> Iterator[None]:
+    """CPU as the default device inside the block, even under ``COIL_TEST_DEVICE=cuda``: for
+    tests that route the ``cpu`` device to each plugin in turn."""
+    before = torch.get_default_device()
+    torch.set_default_device("cpu")
+    try:
+        yield
+    finally:
+        torch.set_default_device(before)
+
+
+@contextlib.contextmanager
+def cpu_routed_to(plugin: str, name: str) -> Iterator[Any]:
+    """Route the ``cpu`` device to the C++ plugin (``"cpu_cpp"``) or to the Triton plugin's
+    interpreted backend (``"triton"``, skipped where the interpreter is off) under the
+    registration ``name``; yields the backend, and rebuilds the registry afterwards."""
+    plugins.reset()
+    try:
+        if plugin == "cpu_cpp":
+            from coil_cpu_cpp.backend import CppBackend
+            backend = CppBackend()
+            coil.register_backend_for_device("cpu", backend, name=name)
+            yield backend
+        else:
+            triton = pytest.importorskip("triton")
+            if not triton.knobs.runtime.interpret:
+                pytest.skip("Triton's interpreter is off (tests/conftest.py sets TRITON_INTERPRET)")
+            from coil_cuda_triton import mathlib
+            from coil_cuda_triton.testing import interpreted_backend
+            backend = interpreted_backend()
+            coil.register_backend_for_device("cpu", backend, name=name)
+            with mathlib.interpreting():
+                yield backend
+    finally:
+        plugins.reset()

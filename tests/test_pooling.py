@@ -16,41 +16,24 @@ import torch
 import torch.nn.functional as F
 
 import coil
-from coil import ir, plugins
+from coil import ir
 from coil.report import recording
+from helpers import cpu_routed_to, cpu_tensors
 
 NAN, INF = math.nan, math.inf
 
 
 @pytest.fixture(autouse=True)
 def _cpu_tensors():
-    before = torch.get_default_device()
-    torch.set_default_device("cpu")
-    yield
-    torch.set_default_device(before)
+    with cpu_tensors():
+        yield
 
 
 @pytest.fixture(params=["cpu_cpp", "triton"])
 def plugin(request):
-    """Route ``cpu`` to the C++ plugin or to the Triton plugin's interpreted backend; yields
-    the backend (the registry is rebuilt afterwards)."""
-    plugins.reset()
-    if request.param == "cpu_cpp":
-        from coil_cpu_cpp.backend import CppBackend
-        backend = CppBackend()
-        coil.register_backend_for_device("cpu", backend, name="pooling-cpp")
+    """The backend serving ``cpu`` for the test: the C++ plugin or interpreted Triton."""
+    with cpu_routed_to(request.param, f"pooling-{request.param}") as backend:
         yield backend
-    else:
-        triton = pytest.importorskip("triton")
-        if not triton.knobs.runtime.interpret:
-            pytest.skip("Triton's interpreter is off (tests/conftest.py sets TRITON_INTERPRET)")
-        from coil_cuda_triton import mathlib
-        from coil_cuda_triton.testing import interpreted_backend
-        backend = interpreted_backend()
-        coil.register_backend_for_device("cpu", backend, name="pooling-triton")
-        with mathlib.interpreting():
-            yield backend
-    plugins.reset()
 
 
 def _special(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:

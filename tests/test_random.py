@@ -22,6 +22,7 @@ from coil import config, plugins
 from coil.compile import GraphReport, add_observer, compile_graph, remove_observer
 from coil.lowering.random import SEED_HIGH, SEED_LOW
 from coil.sdk.reference import ReferenceBackend, philox, philox_rand, philox_randn
+from helpers import cpu_routed_to, cpu_tensors
 
 aten = torch.ops.aten
 
@@ -30,31 +31,15 @@ aten = torch.ops.aten
 def _cpu_tensors():
     """These tests route the ``cpu`` device to each plugin, so their tensors are CPU tensors
     even under ``COIL_TEST_DEVICE=cuda`` (which makes CUDA the default device)."""
-    before = torch.get_default_device()
-    torch.set_default_device("cpu")
-    yield
-    torch.set_default_device(before)
+    with cpu_tensors():
+        yield
 
 
 @pytest.fixture(params=["cpu_cpp", "triton"])
 def plugin(request):
-    """Route the ``cpu`` device to the C++ plugin, or to the Triton plugin's interpreted
-    backend; the registry is rebuilt afterwards."""
-    plugins.reset()
-    if request.param == "cpu_cpp":
-        from coil_cpu_cpp.backend import CppBackend
-        coil.register_backend_for_device("cpu", CppBackend(), name="random-cpp")
+    """The ``cpu`` device routed to the C++ plugin or to interpreted Triton; yields its name."""
+    with cpu_routed_to(request.param, f"random-{request.param}"):
         yield request.param
-    else:
-        triton = pytest.importorskip("triton")
-        if not triton.knobs.runtime.interpret:
-            pytest.skip("Triton's interpreter is off (tests/conftest.py sets TRITON_INTERPRET)")
-        from coil_cuda_triton import mathlib
-        from coil_cuda_triton.testing import interpreted_backend
-        coil.register_backend_for_device("cpu", interpreted_backend(), name="random-triton")
-        with mathlib.interpreting():
-            yield request.param
-    plugins.reset()
 
 
 def _seed_after(manual_seed: int) -> torch.Tensor:

@@ -228,11 +228,11 @@ def _one_per_line(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorV
     line's index, else ``x``. Cross-entropy's backward scatters a one-hot this way (GPT-2:
     8192 rows of 50257); as a select it fuses with what reads it instead of being written
     whole first. None where the shapes differ (the general scatter)."""
-    same = all(sympy.simplify(index.size[d] - x.size[d]) == 0 for d in range(x.ndim) if d != dim)
-    if not same or index.size[dim] != 1:
+    # sizes compared as written (symbols stay symbols): a size that differs only in how it
+    # is spelled takes the general scatter, which is right as well
+    if index.size[dim] != 1 or any(index.size[d] != x.size[d] for d in range(x.ndim) if d != dim):
         return None
-    if isinstance(src, TensorValue) and (src.ndim != x.ndim or any(
-            sympy.simplify(src.size[d] - index.size[d]) != 0 for d in range(x.ndim))):
+    if isinstance(src, TensorValue) and tuple(src.size) != tuple(index.size):
         return None
     dtype = x.dtype
     check_dtype(dtype, ctx.origin)

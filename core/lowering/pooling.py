@@ -60,6 +60,10 @@ class Axis:
     def tap(self, o: Expr, i: int) -> Expr:
         return o * self.stride - self.pad + i * self.dilation
 
+    def taps(self, o: Expr) -> list[tuple[Expr, list[ir.Value]]]:
+        """Window ``o``'s positions, each with the conditions that it lies in the input."""
+        return [(self.tap(o, i), self.inside(o, i)) for i in range(self.kernel)]
+
     def inside(self, o: Expr, i: int) -> list[ir.Value]:
         """The conditions for tap ``i`` of window ``o`` to fall inside the input, without
         those that hold for every window."""
@@ -225,6 +229,18 @@ def _masked(conds: Sequence[ir.Value], body: ir.Value, other: float) -> ir.Value
 
 def _add(a: ir.Value, b: ir.Value) -> ir.Value:
     return ir.Op(a.dtype, name="add", args=(a, b))
+
+
+def _window_sum(src: TensorValue, idx: list[Expr], ah: Any, aw: Any, acc: torch.dtype) -> ir.Value:
+    """The sum of window ``idx``'s taps in ``acc``, in window order from 0, as eager adds;
+    ``ah``/``aw`` are the window's axes (anything with ``taps(o)``)."""
+    lead = len(idx) - 2
+    total: ir.Value = ir.Const(acc, value=0.0)
+    for ih, row_conds in ah.taps(idx[lead]):
+        for iw, col_conds in aw.taps(idx[lead + 1]):
+            v = cast(src.load([*idx[:lead], ih, iw]), acc)
+            total = _add(total, _masked(row_conds + col_conds, v, 0.0))
+    return total
 
 
 def _div(a: ir.Value, count: Expr | ir.Value) -> ir.Value:
@@ -399,11 +415,7 @@ def _avg_pool2d(ctx: LoweringContext, x: TensorValue, kernel_size: Any, stride: 
 
     def fn(idx: list[Expr]) -> ir.Value:
         oh, ow = idx[lead], idx[lead + 1]
-        total: ir.Value = ir.Const(acc, value=0.0)
-        for i in range(ah.kernel):
-            for j in range(aw.kernel):
-                v = cast(src.load([*idx[:lead], ah.tap(oh, i), aw.tap(ow, j)]), acc)
-                total = _add(total, _masked(ah.inside(oh, i) + aw.inside(ow, j), v, 0.0))
+        total = _window_sum(src, idx, ah, aw, acc)
         if divisor_override is not None:
             return cast(ir.Op(acc, name="truediv", args=(total, const(divisor_override, acc))), x.dtype)
         return cast(_div(total, _avg_divisor(ah, aw, oh, ow, count_include_pad)), x.dtype)
@@ -529,13 +541,8 @@ def _adaptive_avg_pool2d(ctx: LoweringContext, x: TensorValue, output_size: Any)
     lead = x.ndim - 2
 
     def fn(idx: list[Expr]) -> ir.Value:
-        oh, ow = idx[lead], idx[lead + 1]
-        total: ir.Value = ir.Const(acc, value=0.0)
-        for ih, row_conds in ah.taps(oh):
-            for iw, col_conds in aw.taps(ow):
-                v = cast(src.load([*idx[:lead], ih, iw]), acc)
-                total = _add(total, _masked(row_conds + col_conds, v, 0.0))
-        return cast(_per_count(total, ah, aw, oh, ow), x.dtype)
+        total = _window_sum(src, idx, ah, aw, acc)
+        return cast(_per_count(total, ah, aw, idx[lead], idx[lead + 1]), x.dtype)
 
     return lazy(x.dtype, x.device, (*x.size[:lead], sympy.Integer(ah.out), sympy.Integer(aw.out)), fn)
 

@@ -4,7 +4,8 @@ the parts of a pointwise kernel's body that are the same along its innermost loo
 eval-mode batch norm's per-channel ``weight / sqrt(var + eps)`` over an NCHW row) once per
 row, before that loop. GCC cannot do it itself: the loads might alias the loop's stores,
 and it does not move vector math calls out of loops. Integer divisions stay where they are:
-a hoisted one would run where the body's select skips it (a division by zero)."""
+hoisted, one would also run where the loop it left has no iteration to run (a division by
+zero the kernel never performed)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterator
