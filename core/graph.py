@@ -12,7 +12,7 @@ import sympy
 import torch
 import torch.fx
 
-from . import ir
+from . import ir, library_args
 from .config import Config
 from .errors import LoweringError
 from .ir import Expr, Layout
@@ -271,11 +271,14 @@ class GraphLowering:
             raise LoweringError(str(node.target), "not callable")
         self.ctx.fallbacks.append(FallbackRecord(self.ctx.origin, reason, kind))
 
-        def to_ref(v: Any, meta: Any) -> Any:
+        def to_ref(v: Any, meta: Any, align: bool = False) -> Any:
             if isinstance(v, TensorValue):
                 # the layout eager gives this value, so the op sees (and returns) what it
                 # would in eager; the wrapper still checks what comes back
                 r = self.ctx.realize(v, layout_from_meta(meta), view_ok=True)
+                if align and not library_args.rows_aligned(r.layout):
+                    source = v if isinstance(v, Lazy) else Lazy(r.dtype, r.device, r.size, r.load)
+                    r = self.ctx.realize(source, library_args.padded_layout(r.layout))
                 return ir.BufferRef(r.name, r.layout)
             if isinstance(v, (list, tuple)):
                 metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(v) else [None] * len(v)
@@ -285,8 +288,10 @@ class GraphLowering:
         def meta_of(a: Any) -> Any:
             return torch.fx.node.map_arg(a, lambda n: n.meta.get("val"))
 
-        ref_args = tuple(to_ref(a, meta_of(fa)) for a, fa in zip(args, node.args))
-        ref_kwargs = {k: to_ref(v, meta_of(node.kwargs[k])) for k, v in kwargs.items()}
+        aligned = library_args.aligned_positions(node.target)
+        ref_args = tuple(to_ref(a, meta_of(fa), i in aligned.values())
+                         for i, (a, fa) in enumerate(zip(args, node.args)))
+        ref_kwargs = {k: to_ref(v, meta_of(node.kwargs[k]), k in aligned) for k, v in kwargs.items()}
         meta = node.meta.get("val")
         names: list[str] = []
         layouts: list[Layout | None] = []
