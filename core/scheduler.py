@@ -192,8 +192,30 @@ class Scheduler:
             return self._try_epilogue(ga, gb, names)
         space = _combine((A.x, A.r), (B.x, B.r))
         if space is None:
-            return self._decide(names, False, "iteration spaces differ")
+            return self._try_rerange(ga, gb, names)
         return self._fuse_checked(ga, gb, names, space)
+
+    def _try_rerange(self, ga: int, gb: int, names: tuple[str, str]) -> bool:
+        """Pointwise groups over two shapes of the same points with the same last dim, as a
+        ``view`` between (batch, tokens, features) and (batch * tokens, features) gives, fuse
+        over the 2-D shape: the other group's nodes are re-indexed onto it."""
+        A, B = self.groups[ga], self.groups[gb]
+        if A.r or B.r or len(A.x) == len(B.x) or 2 not in (len(A.x), len(B.x)):
+            return self._decide(names, False, "iteration spaces differ")
+        moving, target = (A, tuple(B.x)) if len(A.x) > len(B.x) else (B, tuple(A.x))
+        saved = {i: self.nodes[i] for i in moving.members}
+        for i in moving.members:
+            moved = _rerange(self.nodes[i], target)  # type: ignore[arg-type]
+            if moved is None:
+                for j, node in saved.items():
+                    self.nodes[j] = node
+                return self._decide(names, False, "iteration spaces differ")
+            self.nodes[i] = moved
+        if self._fuse_checked(ga, gb, names, (target, ())):
+            return True
+        for i, node in saved.items():
+            self.nodes[i] = node
+        return False
 
     def _template(self, g: Group) -> int | None:
         """The member that is a template node (always the group's first), if any."""
@@ -319,16 +341,16 @@ class Scheduler:
         x, r = space
         ranges = {**{_x(i): n for i, n in enumerate(x)}, **{_r(i): n for i, n in enumerate(r)}}
         if isinstance(node, ir.TemplateNode):
-            return "x", ir.Const(node.layout.dtype, 0), simplify_index(node.store_index, ranges)
+            return "x", ir.Const(node.layout.dtype, 0), _simplify(node.store_index, ranges)
         if isinstance(node, ir.ReductionNode):
-            return "r", _simplify_value(node.body, ranges), simplify_index(node.store_index, ranges)
+            return "r", _simplify_value(node.body, ranges), _simplify(node.store_index, ranges)
         assert isinstance(node, ir.PointwiseNode)
         if tuple(node.ranges) == tuple(x) or not r:
-            return "x", _simplify_value(node.body, ranges), simplify_index(node.store_index, ranges)
+            return "x", _simplify_value(node.body, ranges), _simplify(node.store_index, ranges)
         mapping = {_x(len(x) + j): _r(j) for j in range(len(r))}
         body = ir.reindex_value(node.body, mapping)
         store = node.store_index.xreplace(mapping)
-        return "r", _simplify_value(body, ranges), simplify_index(store, ranges)
+        return "r", _simplify_value(body, ranges), _simplify(store, ranges)
 
     # -- ordering and kernels
 
@@ -508,8 +530,15 @@ def _r(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
 
 
+def _simplify(e: sympy.Expr, ranges: dict) -> sympy.Expr:
+    """An index in a kernel over ``ranges``, with div/mod pairs that a view split a dim into
+    folded back (``512*(x0 // 8) + 64*(x0 % 8)`` is ``64*x0``): reads and writes of one element
+    through two views then compare equal."""
+    return simplify_index(fold_divmod(e), ranges)
+
+
 def _simplify_value(value: ir.Value, ranges: dict) -> ir.Value:
-    return ir.map_indices(value, lambda e: simplify_index(e, ranges))
+    return ir.map_indices(value, lambda e: _simplify(e, ranges))
 
 
 def _rerange(node: ir.PointwiseNode, target: tuple) -> ir.PointwiseNode | None:
