@@ -16,7 +16,7 @@ from .graph import LoweredGraph
 from .loop_order import memory_order, permute
 from . import templates
 from .kernel import Kernel, KernelNode, Loop, TemplateCall
-from .symbolic import FloorDiv, ModIdx, fold_divmod, simplify_index
+from .rerange import merge_leading, refine, simplify_in
 
 log = logging.getLogger(__name__)
 
@@ -196,22 +196,31 @@ class Scheduler:
         return self._fuse_checked(ga, gb, names, space)
 
     def _try_rerange(self, ga: int, gb: int, names: tuple[str, str]) -> bool:
-        """Pointwise groups over two shapes of the same points with the same last dim, as a
-        ``view`` between (batch, tokens, features) and (batch * tokens, features) gives, fuse
-        over the 2-D shape: the other group's nodes are re-indexed onto it."""
+        """Groups over two shapes of the same points, as a ``view`` between (batch, tokens,
+        features) and (batch * tokens, features) gives, fuse when one group is pointwise and
+        can move onto the other's space (:mod:`coil.rerange`): a 2-D space its leading dims
+        merge into, or a finer one (a reduction's space included) its dims split into."""
         A, B = self.groups[ga], self.groups[gb]
-        if A.r or B.r or len(A.x) == len(B.x) or 2 not in (len(A.x), len(B.x)):
-            return self._decide(names, False, "iteration spaces differ")
-        moving, target = (A, tuple(B.x)) if len(A.x) > len(B.x) else (B, tuple(A.x))
+        for moving, staying in ((A, B), (B, A)):
+            if moving.r:
+                continue
+            space = (tuple(staying.x), tuple(staying.r))
+            # a reduction's whole space (a normalisation of its rows) or its outputs' space
+            for target in dict.fromkeys((space[0] + space[1], space[0])):
+                move = merge_leading if len(moving.x) > len(target) else refine
+                moves = [move(self.nodes[i], target) for i in moving.members]
+                if all(m is not None for m in moves):
+                    return self._fuse_moved(ga, gb, names, moving, moves, space)
+        return self._decide(names, False, "iteration spaces differ")
+
+    def _fuse_moved(self, ga: int, gb: int, names: tuple[str, str], moving: Group,
+                    moves: list[ir.Node | None], space: tuple[tuple, tuple]) -> bool:
+        """Fuse with ``moving``'s nodes replaced by ``moves``, put back if the fusion fails."""
         saved = {i: self.nodes[i] for i in moving.members}
-        for i in moving.members:
-            moved = _rerange(self.nodes[i], target)  # type: ignore[arg-type]
-            if moved is None:
-                for j, node in saved.items():
-                    self.nodes[j] = node
-                return self._decide(names, False, "iteration spaces differ")
+        for i, moved in zip(moving.members, moves):
+            assert moved is not None
             self.nodes[i] = moved
-        if self._fuse_checked(ga, gb, names, (target, ())):
+        if self._fuse_checked(ga, gb, names, space):
             return True
         for i, node in saved.items():
             self.nodes[i] = node
@@ -243,7 +252,7 @@ class Scheduler:
         saved = {i: self.nodes[i] for i in B.members}
         if tuple(B.x) != tuple(A.x):
             for i in B.members:
-                moved = _rerange(self.nodes[i], tuple(A.x))  # type: ignore[arg-type]
+                moved = merge_leading(self.nodes[i], tuple(A.x))
                 if moved is None:
                     return self._decide(names, False, "iteration spaces differ")
                 self.nodes[i] = moved
@@ -341,16 +350,16 @@ class Scheduler:
         x, r = space
         ranges = {**{_x(i): n for i, n in enumerate(x)}, **{_r(i): n for i, n in enumerate(r)}}
         if isinstance(node, ir.TemplateNode):
-            return "x", ir.Const(node.layout.dtype, 0), _simplify(node.store_index, ranges)
+            return "x", ir.Const(node.layout.dtype, 0), simplify_in(node.store_index, ranges)
         if isinstance(node, ir.ReductionNode):
-            return "r", _simplify_value(node.body, ranges), _simplify(node.store_index, ranges)
+            return "r", _simplify_value(node.body, ranges), simplify_in(node.store_index, ranges)
         assert isinstance(node, ir.PointwiseNode)
         if tuple(node.ranges) == tuple(x) or not r:
-            return "x", _simplify_value(node.body, ranges), _simplify(node.store_index, ranges)
+            return "x", _simplify_value(node.body, ranges), simplify_in(node.store_index, ranges)
         mapping = {_x(len(x) + j): _r(j) for j in range(len(r))}
         body = ir.reindex_value(node.body, mapping)
         store = node.store_index.xreplace(mapping)
-        return "r", _simplify_value(body, ranges), _simplify(store, ranges)
+        return "r", _simplify_value(body, ranges), simplify_in(store, ranges)
 
     # -- ordering and kernels
 
@@ -530,40 +539,8 @@ def _r(i: int) -> sympy.Symbol:
     return sympy.Symbol(f"r{i}", integer=True, nonnegative=True)
 
 
-def _simplify(e: sympy.Expr, ranges: dict) -> sympy.Expr:
-    """An index in a kernel over ``ranges``, with div/mod pairs that a view split a dim into
-    folded back (``512*(x0 // 8) + 64*(x0 % 8)`` is ``64*x0``): reads and writes of one element
-    through two views then compare equal."""
-    return simplify_index(fold_divmod(e), ranges)
-
-
 def _simplify_value(value: ir.Value, ranges: dict) -> ir.Value:
-    return ir.map_indices(value, lambda e: _simplify(e, ranges))
-
-
-def _rerange(node: ir.PointwiseNode, target: tuple) -> ir.PointwiseNode | None:
-    """``node`` over ``target`` ranges instead of its own, when both have the same number of
-    points and the same last dim: its leading dims are the flat leading dim of ``target``
-    split by div/mod (which index simplification folds back where the layout is dense)."""
-    if not isinstance(node, ir.PointwiseNode) or node.mutates or len(target) != 2 or not node.ranges:
-        return None
-    ranges = tuple(node.ranges)
-    if ranges[-1] != target[-1] or sympy.expand(sympy.Mul(*ranges[:-1]) - target[0]) != 0:
-        return None
-    flat, last = _x(0), _x(1)
-    mapping: dict = {_x(len(ranges) - 1): last}
-    q: sympy.Expr = flat
-    for d in range(len(ranges) - 2, 0, -1):
-        mapping[_x(d)] = ModIdx(q, ranges[d])
-        q = FloorDiv(q, ranges[d])
-    mapping[_x(0)] = q
-    bounds = {flat: target[0], last: target[1]}
-
-    def fix(e: sympy.Expr) -> sympy.Expr:
-        return simplify_index(fold_divmod(e), bounds)
-    body = ir.map_indices(ir.reindex_value(node.body, mapping), fix)
-    store = fix(node.store_index.xreplace(mapping))
-    return dataclasses.replace(node, ranges=tuple(target), body=body, store_index=store)
+    return ir.map_indices(value, lambda e: simplify_in(e, ranges))
 
 
 def _loops(knodes: list[KernelNode]) -> list[Loop]:

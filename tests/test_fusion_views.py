@@ -56,3 +56,36 @@ def test_gelu_backward_across_a_view_is_one_kernel_and_matches_eager() -> None:
     assert len(gelu) == 1, [k.name for k in backward.kernels]
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=2e-2 * w.abs().max().item(), rtol=2e-2)
+
+
+class _Block(torch.nn.Module):
+    """A ViT MLP block: LayerNorm over (batch, tokens, features), then a linear layer that
+    reads the normalised tokens flattened to (batch * tokens, features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(C)
+        self.fc1 = torch.nn.Linear(C, H)
+        self.fc2 = torch.nn.Linear(H, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm(x))))
+
+
+def test_layer_norm_before_a_flattening_linear_is_one_kernel_and_matches_eager() -> None:
+    """The normalisation (pointwise over (batch * tokens, features)) joins the statistics'
+    reduction (over (batch, tokens) x (features)) in one kernel: its dims split onto the
+    reduction's space."""
+    torch.manual_seed(0)
+    eager, compiled = _Block(), _Block()
+    compiled.load_state_dict(eager.state_dict())
+    x = torch.randn(B, T, C)
+    want = _step(eager, x)
+    with recording() as report:
+        torch._dynamo.reset()
+        got = _step(torch.compile(compiled, backend="coil"), x)
+    (forward,) = [g for g in report.graphs if g.kind == "forward"]
+    norm = [k for k in forward.kernels if "aten.var_mean.correction" in k.ops or "aten.rsqrt.default" in k.ops]
+    assert len(norm) == 1, [(k.name, k.ops) for k in forward.kernels]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, atol=2e-2 * w.abs().max().item(), rtol=2e-2)
