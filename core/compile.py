@@ -3,6 +3,7 @@ wrapper. Records a ``GraphReport`` (kernels, fallbacks, peak, seconds per stage)
 ``COIL_DEBUG_DIR`` set, writes the generated source and fusion decisions to disk."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
@@ -23,7 +24,7 @@ from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord
 from .inplace import InplacePolicy
-from .memory import plan_memory
+from .memory import plan_memory, with_inplace
 from .conv_bias import split_conv_bias
 from .conv_layout import adopt_input_layouts, output_strides, saved_output_positions, to_channels_last
 from .pad_gemm import pad_gemms
@@ -226,7 +227,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         if record is not None:
             record.kind, record.reason = "template", f"computed by template {k.template.template.name}"
     name = f"graph{next(_graph_ids)}"
-    _name_kernels(kernels)
+    sched.steps = _name_kernels(sched.steps)
     collectives.bind(sched.steps, lambda device, op: _collective_impl(reg, device, op))
     collectives.describe(sched.steps)
     t2 = time.perf_counter()
@@ -236,6 +237,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     inputs = {i.name for i in lowered.inputs if i.name} | set(lowered.constants)
     plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs),
                        _inplace_policy(reg, config), release={i.name for i in lowered.inputs if i.name})
+    sched.steps = with_inplace(sched.steps, plan)
+    kernels = [s for s in sched.steps if isinstance(s, Kernel)]
     by_device: dict[str, list[Kernel]] = {}
     for k in kernels:
         by_device.setdefault(_kernel_device(k, lowered), []).append(k)
@@ -407,17 +410,23 @@ _DATA_MOVEMENT = {"view", "unsafe_view", "permute", "expand", "clone", "unsqueez
                   "scalar_tensor", "full", "full_like"}
 
 
-def _name_kernels(kernels: list[Kernel]) -> None:
-    """Kernel names say what they fuse: ``k3_amax_sub_exp_sum_div``."""
-    for i, k in enumerate(kernels):
-        ops = []
-        for origin in k.origins:
-            short = origin.split(".")[1] if origin.startswith("aten.") else origin
-            short = short.strip("_")
-            if short not in ops and short not in _DATA_MOVEMENT:
-                ops.append(short)
-        suffix = "_".join(ops)[:48].rstrip("_")
-        k.name = f"k{i}_{suffix}" if suffix else f"k{i}"
+def _name_kernels(steps: list[object]) -> list[object]:
+    """``steps`` with each kernel renamed after what it fuses: ``k3_amax_sub_exp_sum_div``
+    (``Kernel`` is frozen: a renamed copy)."""
+    numbers = itertools.count()
+    return [dataclasses.replace(s, name=_kernel_name(next(numbers), s)) if isinstance(s, Kernel) else s
+            for s in steps]
+
+
+def _kernel_name(i: int, k: Kernel) -> str:
+    ops: list[str] = []
+    for origin in k.origins:
+        short = origin.split(".")[1] if origin.startswith("aten.") else origin
+        short = short.strip("_")
+        if short not in ops and short not in _DATA_MOVEMENT:
+            ops.append(short)
+    suffix = "_".join(ops)[:48].rstrip("_")
+    return f"k{i}_{suffix}" if suffix else f"k{i}"
 
 
 def _dump(report: GraphReport, folder: str, modules: dict[str, tuple[Any, Any]]) -> None:

@@ -62,7 +62,7 @@ class Ticket:
 
 @dataclass(frozen=True)
 class KernelName:
-    """What ``kernel_source``/``kernel_choice`` get on a hit: the kernel by its name."""
+    """What ``kernel_choice`` gets on a hit: the kernel by its name (a ``coil.sdk.backend.KernelRef``)."""
 
     name: str
 

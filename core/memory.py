@@ -13,7 +13,8 @@ A dead buffer that no later step takes over is freed right away (``del``), so th
 peak is the most bytes live at once, counting buffers held for a later taker."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import sympy
@@ -44,6 +45,16 @@ class MemoryPlan:
     reused: int = 0
     #: Outputs written over an input of their own kernel.
     inplace: int = 0
+    #: Step index -> the ``Kernel.inplace`` pairs (output -> input) of that kernel, where it
+    #: has some (:func:`with_inplace` puts them on the kernels).
+    kernel_inplace: dict[int, dict[str, str]] = field(default_factory=dict)
+
+
+def with_inplace(steps: Sequence[object], plan: MemoryPlan) -> list[object]:
+    """``steps`` with each kernel that writes in place replaced by a copy carrying its pairs
+    (``Kernel`` is frozen)."""
+    return [dataclasses.replace(s, inplace=plan.kernel_inplace[i]) if i in plan.kernel_inplace else s
+            for i, s in enumerate(steps)]
 
 
 def step_reads(step: object) -> set[str]:
@@ -96,7 +107,8 @@ def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: se
                 inplace: InplacePolicy | None = None, release: set[str] = frozenset()) -> MemoryPlan:
     """``keep``: buffers that must survive the call (graph outputs); ``inputs``: the graph's
     input buffers (never allocated, never taken over); ``inplace``: which kernels may write
-    over their dying inputs (None: none), set in ``Kernel.inplace`` on the kernels that do;
+    over their dying inputs (None: none), the pairs of the kernels that do in
+    ``MemoryPlan.kernel_inplace`` (:func:`with_inplace` puts them on the kernels);
     ``release``: inputs whose name the wrapper drops after their last use (the arguments of a
     boxed call, which the wrapper holds alone once it clears the list: a backward graph's
     saved activations), so their memory goes as soon as nothing needs it."""
@@ -145,6 +157,7 @@ class _Planner:
         #: Donors whose memory a new name took: not freed when they die.
         self.handed_over: set[str] = set()
         self.bytes = self.peak = self.reused = self.in_place = 0
+        self.kernel_inplace: dict[int, dict[str, str]] = {}
 
     def key(self, layout: ir.Layout) -> tuple:
         return (layout.device, layout.dtype, sympy.srepr(layout.storage_span()))
@@ -157,7 +170,8 @@ class _Planner:
             self._allocate(i, step, taken)
             self.peak = max(self.peak, self.bytes)
             self._release(i, step)
-        return MemoryPlan(self.allocs, self.frees, self.peak, self.reused, self.in_place)
+        return MemoryPlan(self.allocs, self.frees, self.peak, self.reused, self.in_place,
+                          self.kernel_inplace)
 
     def _donors(self, i: int, step: Kernel) -> list[str]:
         """Inputs of ``step`` that die in it and whose memory may be handed over."""
@@ -188,7 +202,8 @@ class _Planner:
         if self.policy is not None and self.policy.allows(step):
             donors = self._donors(i, step)
             pairs = inplace_pairs(step, fresh, donors, lambda n: self.key(self.buffers[n].layout))
-            step.inplace = dict(pairs)
+            if pairs:
+                self.kernel_inplace[i] = dict(pairs)
         for name in fresh:
             layout = self.buffers[name].layout
             donor = pairs.get(name)

@@ -445,11 +445,9 @@ class Scheduler:
         dtypes = {b: self.graph.buffers[b].layout.dtype for b in
                   set(inputs) | set(outputs) | internal if b in self.graph.buffers}
         origins = tuple(dict.fromkeys(o for n in members for o in n.origins))
-        kernel = Kernel(name, x_ranges, tuple(group.r), knodes, loops, inputs, outputs, internal,
-                        sorted(symbols, key=lambda s: s.name), dtypes, origins, special)
-        if template is not None:
-            kernel.template = self._template_call(name, group, template)
-        return kernel
+        call = self._template_call(name, group, template) if template is not None else None
+        return Kernel(name, x_ranges, tuple(group.r), knodes, loops, inputs, outputs, internal,
+                      sorted(symbols, key=lambda s: s.name), dtypes, origins, special, template=call)
 
     def _template_call(self, name: str, group: Group, node: ir.TemplateNode) -> TemplateCall:
         """The product of a template kernel, and its epilogue as a kernel of its own (what the

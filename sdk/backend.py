@@ -1,14 +1,40 @@
 """Base classes a device plugin implements: ``Capabilities`` (a declarative descriptor),
 ``Scheduling`` (fusion legality and limits) and ``DeviceBackend`` (codegen, compile, load,
-launch)."""
+launch).
+
+``DeviceBackend`` is generic in the type of what its ``compile`` returns (``ModuleT``): a
+plugin writes ``class MyBackend(sdk.DeviceBackend[MyModule])`` and every method that gets the
+compiled module back is typed with it. The core never looks inside that object; it binds it
+in the wrapper as ``mod_<device_type>`` and hands it back to the backend."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Literal, Protocol, Sequence, TypeVar
 
 import torch
 
 from . import knobs
+
+if TYPE_CHECKING:  # annotations only: the IR modules import sympy, which a backend need not load
+    from .ir import Expr, Node, ReductionType
+    from .kernel import Kernel
+
+#: How a backend schedules reductions (``Capabilities.reduction_strategies``): the row in
+#: registers, blocks of the row in a loop, or the row split across programs.
+ReductionStrategy = Literal["persistent", "looped", "split"]
+#: What a backend's ``compile`` returns and every later call gets back (its compiled module).
+ModuleT = TypeVar("ModuleT")
+#: A compiled graph's callable in the boxed convention: it takes the list of graph inputs
+#: (tensors, ints, SymInts) and returns the graph's outputs.
+BoxedGraph = Callable[[list[Any]], Any]
+
+
+class KernelRef(Protocol):
+    """A kernel by its name: what :meth:`DeviceBackend.kernel_choice` gets on a graph-cache
+    hit, where no :class:`~coil.sdk.kernel.Kernel` exists (a ``Kernel`` is one too)."""
+
+    @property
+    def name(self) -> str: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,13 +47,13 @@ class Capabilities:
         torch.int32, torch.int64, torch.uint8, torch.bool})
     #: Elements one vector instruction (or one warp) handles.
     vector_width: int = 1
-    reductions: frozenset[str] = frozenset(
+    reductions: frozenset[ReductionType] = frozenset(
         {"sum", "prod", "max", "min", "argmax", "argmin", "any", "all", "welford"})
     scans: bool = True
     scatter: bool = True
     #: How the backend schedules reductions ("persistent": the row in registers, "looped":
     #: blocks of the row in a loop, "split": across programs); informational for reports.
-    reduction_strategies: frozenset[str] = frozenset({"looped"})
+    reduction_strategies: frozenset[ReductionStrategy] = frozenset({"looped"})
     #: Bytes a memory transaction moves (a cache line, or a coalesced warp access).
     memory_transaction_bytes: int = 64
     #: Whether ``DeviceBackend.capture`` records whole graphs for replay (CUDA graphs, say).
@@ -106,17 +132,22 @@ class Scheduling:
     #: Most IR nodes one kernel may hold.
     max_fusion_size: int = 64
 
-    def can_fuse(self, x_ranges: tuple, r_ranges: tuple, nodes: Sequence[Any]) -> bool:
+    def can_fuse(self, x_ranges: tuple[Expr, ...], r_ranges: tuple[Expr, ...],
+                 nodes: Sequence[Node]) -> bool:
+        """Whether ``nodes`` (IR nodes, in graph order) may become one kernel over the kept
+        dims ``x_ranges`` and the reduced dims ``r_ranges`` (empty for pointwise work). Asked
+        only after the core found the fusion legal; the default agrees."""
         return True
 
 
-class DeviceBackend:
+class DeviceBackend(Generic[ModuleT]):
     """A device's code generator and runtime. Subclass and implement the methods below.
 
     * ``compile(kernels, graph_name)`` turns a graph's kernels into something loadable and
-      returns an object handed back to ``call_line``; compile all of a graph's kernels at
-      once (one translation unit, or in parallel). It may report how many are built through
-      :mod:`coil.sdk.progress` (shown in the progress line of long compiles).
+      returns an object (of the backend's own type ``ModuleT``) handed back to ``call_line``;
+      compile all of a graph's kernels at once (one translation unit, or in parallel). It may
+      report how many are built through :mod:`coil.sdk.progress` (shown in the progress line
+      of long compiles).
     * ``call_line(module_var, kernel, args)`` is the wrapper's Python line that launches one
       kernel with ``args`` (names of tensors and size ints, in ``kernel.args`` order).
     """
@@ -125,34 +156,49 @@ class DeviceBackend:
     device_type: str = ""
     #: A name for reports and ``coil doctor``; also the namespace of the backend's options.
     name: str = ""
+    #: What the device can do: the core's graph passes and lowerings, cache keys and the
+    #: conformance kit read it.
     capabilities: Capabilities = Capabilities()
+    #: What may fuse on the device: the scheduler asks it about every fusion it proposes.
     scheduling: Scheduling = Scheduling()
     #: The backend's knobs: a (frozen) dataclass whose fields have defaults and doc comments.
     #: ``COIL_<NAME>_<FIELD>``, ``torch.compile(..., options={"<name>.<field>": v})`` and
     #: ``coil.config.override(**{"<name>.<field>": v})`` set them; read them as ``self.options``.
     Options: ClassVar[type | None] = None
+    #: Tuning searches (or configurations benchmarked: any count that grows exactly when the
+    #: tuning cache misses) run in this process. A backend declaring ``Capabilities.autotune``
+    #: keeps it up to date (an attribute or a property); the conformance kit's
+    #: ``autotune_cache`` tier reads it. None: the backend does not count.
+    tuning_count: int | None = None
 
     @property
     def options(self) -> Any:
         """The ``Options`` instance in force for the compile in progress (None without
-        ``Options``). Read it while compiling; an instance may change between compiles."""
+        ``Options``). Read it while compiling; an instance may change between compiles.
+        Typed ``Any``: its class is the subclass's own ``Options`` dataclass."""
         return knobs.backend_options(self)
 
     def options_key(self) -> str:
         """``self.options`` as a stable string, for on-disk cache keys."""
         return knobs.options_key(self.options)
 
-    def compile(self, kernels: Sequence[Any], graph_name: str) -> Any:
+    def compile(self, kernels: Sequence[Kernel], graph_name: str) -> ModuleT:
+        """Generate, build and load all the kernels of graph ``graph_name`` on this device.
+        The result is bound in the wrapper as ``mod_<device_type>`` and handed back to the
+        other methods; when it has a ``source`` attribute (text), ``COIL_DEBUG_DIR`` dumps it."""
         raise NotImplementedError
 
-    def call_line(self, module_var: str, kernel: Any, args: Sequence[str]) -> str:
+    def call_line(self, module_var: str, kernel: Kernel, args: Sequence[str]) -> str:
+        """The wrapper's Python line launching ``kernel`` from the module bound as
+        ``module_var``, with ``args`` (names of tensors, then size ints) in ``kernel.args``
+        order."""
         raise NotImplementedError
 
-    def kernel_source(self, compiled: Any, kernel: Any) -> str:
+    def kernel_source(self, compiled: ModuleT, kernel: Kernel) -> str:
         """Generated source of one kernel (for reports and ``COIL_DEBUG_DIR``)."""
         return ""
 
-    def export_module(self, compiled: Any) -> bytes | None:
+    def export_module(self, compiled: ModuleT) -> bytes | None:
         """``compiled`` (what :meth:`compile` returned) as bytes that :meth:`import_module`
         turns back into an equivalent object, in another process or on another machine
         whose :meth:`target_key` is the same; None when it cannot be exported (then the
@@ -161,13 +207,14 @@ class DeviceBackend:
         build cache hits on. The default: None (SDK 0.10.0)."""
         return None
 
-    def import_module(self, data: bytes, graph_name: str) -> Any:
+    def import_module(self, data: bytes, graph_name: str) -> ModuleT | None:
         """The compiled module that :meth:`export_module` exported as ``data``, loaded here
         (launches work as after :meth:`compile`; ``call_line`` and ``prologue`` lines written
         then call it). Called instead of ``compile`` on a graph-cache hit, so no ``Kernel``
-        is at hand: ``kernel_source`` and ``kernel_choice`` then get an object with only a
-        ``name``. Raise or return None when ``data`` is unusable (the graph then compiles as
-        usual). The default: None (SDK 0.10.0)."""
+        is at hand: ``kernel_choice`` then gets a :class:`KernelRef` (only a ``name``), and
+        ``kernel_source`` is not called (the report keeps the source). Raise or return None
+        when ``data`` is unusable (the graph then compiles as usual). The default: None
+        (SDK 0.10.0)."""
         return None
 
     def target_key(self) -> str:
@@ -177,7 +224,7 @@ class DeviceBackend:
         The default: "" (SDK 0.10.0)."""
         return ""
 
-    def kernel_choice(self, compiled: Any, kernel: Any) -> str:
+    def kernel_choice(self, compiled: ModuleT, kernel: KernelRef) -> str:
         """What the backend chose for ``kernel`` at run time (a template kernel: the template
         with its configuration, or the library), for ``coil.explain``; "" when nothing was
         chosen yet or there is no run-time choice (SDK 0.9.0)."""
@@ -188,8 +235,8 @@ class DeviceBackend:
         current stream, say). Names they define are visible to every ``call_line``."""
         return []
 
-    def capture(self, fn: Any, example_inputs: Sequence[Any], *,
-                static_inputs: frozenset[int] = frozenset(), measure: bool = False) -> Any:
+    def capture(self, fn: BoxedGraph, example_inputs: Sequence[Any], *,
+                static_inputs: frozenset[int] = frozenset(), measure: bool = False) -> BoxedGraph | None:
         """Record ``fn`` (the compiled graph's callable, boxed: it takes the argument list)
         for replay and return the replaying callable, or None when the backend cannot.
         Called when the ``graph_capture`` knob asks for it (``torch.compile(...,
@@ -205,7 +252,7 @@ class DeviceBackend:
         ``coil.explain`` shows (recorded or not, and the times measured)."""
         return None
 
-    def collective(self, op: Any) -> Any:
+    def collective(self, op: torch._ops.OpOverload) -> Callable[..., Any]:
         """What Coil calls for the functional collective ``op`` on this device: ``op`` is an
         overload of ``torch.ops._c10d_functional`` (``all_reduce``, ``all_gather_into_tensor``,
         ``reduce_scatter_tensor``, ``all_to_all_single``, ``broadcast``, the ``_coalesced``

@@ -162,7 +162,7 @@ def snapshot() -> Counts:
 @contextlib.contextmanager
 def _locked(root: Path) -> Iterator[None]:
     try:
-        import fcntl
+        import fcntl  # POSIX only
     except ImportError:  # no flock here: the rename still keeps the file whole
         yield
         return

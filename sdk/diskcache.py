@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Iterator, Literal
 
-from . import cachestats, knobs
+from . import cachestats, knobs, remotecache
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +234,7 @@ class DiskCache:
     def _from_remote(self, key: str, suffix: str, ask: bool = True, count: bool = True) -> bytes | None:
         """On a local miss: the entry from the remote cache (``remote_cache`` knob), stored
         locally too; None without one, when it lacks the entry or ``ask`` is False."""
-        from .remotecache import current
-        remote = current() if ask else None
+        remote = remotecache.current() if ask else None
         data, answer = remote.fetch(self.folder.name, key, suffix) if remote is not None else (None, None)
         if data is not None:
             with self.producing(key, suffix, remote=False) as tmp:
@@ -248,12 +247,11 @@ class DiskCache:
         return data
 
     def _to_remote(self, key: str, suffix: str, path: Path) -> None:
-        from .remotecache import MAX_ENTRY_BYTES, current
-        remote = current()
+        remote = remotecache.current()
         if remote is None:
             return
         size = path.stat().st_size - TRAILER_LEN
-        if 0 <= size <= MAX_ENTRY_BYTES:
+        if 0 <= size <= remotecache.MAX_ENTRY_BYTES:
             with open(path, "rb") as f:
                 sent = remote.send(self.folder.name, key, suffix, f.read(size))
             if sent != "kept":

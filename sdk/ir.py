@@ -19,12 +19,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence, get_args
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Sequence, get_args
 
 import sympy
 import torch
 
 from .symbolic import loop_vars, substitute
+
+if TYPE_CHECKING:  # annotations only: the templates' module is not needed to build the IR
+    from .templates import GemmOp, Template
 
 Expr = sympy.Expr
 
@@ -301,6 +304,9 @@ ReductionType = Literal["sum", "prod", "max", "min", "argmax", "argmin", "any", 
 REDUCTION_TYPES: tuple[ReductionType, ...] = get_args(ReductionType)
 #: How a scan combines (``ScanNode.combine``).
 ScanCombine = Literal["sum", "prod"]
+#: How a scatter's write combines with the value there (``ScatterNode.accumulate``; None
+#: overwrites).
+ScatterAccumulate = Literal["add", "mul", "amax", "amin"]
 #: Why an ATen call is in the graph (``ExternNode.kind``): a library kernel by design
 #: (matmul, convolution), or an op Coil has no lowering for.
 ExternKind = Literal["library", "fallback"]
@@ -373,7 +379,7 @@ class ScatterNode(Node):
     value: Value
     target_index: Expr
     target_indirect: tuple[Indirect, ...]
-    accumulate: str | None
+    accumulate: ScatterAccumulate | None
 
     def reads(self) -> set[str]:
         out = {ld.buffer for ld in loads(self.base)} | {ld.buffer for ld in loads(self.value)}
@@ -437,10 +443,10 @@ class TemplateNode(Node):
     #: The product's iteration space: (batch?, M, N); written at ``store_index`` over x0...
     ranges: tuple[Expr, ...]
     store_index: Expr
-    op: str  # "mm" | "bmm"
+    op: GemmOp
     a: BufferRef
     b: BufferRef
-    template: Any
+    template: Template
     library: "ExternNode"
     #: Sized like the output (broadcast dims with stride 0), or None.
     bias: "BufferRef | None" = None

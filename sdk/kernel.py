@@ -8,19 +8,23 @@ Loop variables are ``x0..`` over ``x_ranges`` (the kept, parallel dims) and ``r0
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import sympy
+import torch
 
 from . import ir
 from .ir import Expr
+
+if TYPE_CHECKING:  # annotations only: the templates' module is not needed to build a kernel
+    from .templates import GemmProblem, Operand, Template
 
 #: A kernel's two levels: ``"x"``, the kept dims every node runs over, and ``"r"``, the
 #: reduced dims inside them.
 Level = Literal["x", "r"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class KernelNode:
     node: ir.Node
     level: Level
@@ -35,7 +39,7 @@ class KernelNode:
         return isinstance(self.node, ir.ReductionNode)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Loop:
     """Consecutive kernel nodes that share one pass over their level's iteration space."""
 
@@ -43,7 +47,7 @@ class Loop:
     nodes: list[KernelNode]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TemplateCall:
     """The matrix product a template kernel starts with (``Kernel.template``).
 
@@ -56,25 +60,30 @@ class TemplateCall:
     Operands and bias name kernel input buffers; their sizes, strides and offsets are in
     elements of those buffers."""
 
-    template: Any
-    problem: Any  # coil.sdk.templates.GemmProblem
+    template: Template
+    problem: GemmProblem
     output: str
     store_index: Expr
-    bias: Any = None  # coil.sdk.templates.Operand, sized like the output (broadcast strides 0)
+    #: Sized like the output (broadcast dims with stride 0), or None.
+    bias: Operand | None = None
     alpha: float = 1.0
     beta: float = 1.0
     #: Whether the backend should measure the template against its library (``unfused``)
     #: on the first launch and keep the faster (else the template runs).
     measure: bool = False
     #: The :class:`coil.sdk.ir.TemplateNode` the call comes from (reports, self-check).
-    node: Any = None
+    node: ir.TemplateNode | None = None
     #: The same epilogue as a kernel of its own, reading ``output`` from memory: with the
     #: library's product it is what the template competes against (None: no epilogue).
     unfused: "Kernel | None" = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Kernel:
+    """One fused group of work, as a plugin compiles it. Frozen: a pass that changes a kernel
+    (the core's renaming after scheduling, the memory planner's ``inplace``) makes a copy
+    with :func:`dataclasses.replace`."""
+
     name: str
     x_ranges: tuple[Expr, ...]
     r_ranges: tuple[Expr, ...]
@@ -89,7 +98,7 @@ class Kernel:
     #: Size symbols the kernel takes as integer arguments, in argument order.
     size_args: list[sympy.Symbol]
     #: dtype of every buffer the kernel touches (inputs, outputs, internal).
-    dtypes: dict[str, object] = field(default_factory=dict)
+    dtypes: dict[str, torch.dtype] = field(default_factory=dict)
     origins: tuple[str, ...] = ()
     #: For single-node kernels of special kinds (scan, scatter): the node itself.
     special: ir.Node | None = None

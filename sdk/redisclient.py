@@ -81,7 +81,7 @@ class Client:
             sock = socket.create_connection((a.host, a.port), timeout=self.timeout)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if a.tls:
-                import ssl
+                import ssl  # only for rediss:// (a Python may be built without OpenSSL)
                 sock = ssl.create_default_context().wrap_socket(sock, server_hostname=a.host)
         self._sock, self._file = sock, sock.makefile("rb")
         if a.password:

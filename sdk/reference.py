@@ -466,7 +466,7 @@ class ReferenceModule:
         run_kernel(self.kernels[name], args)
 
 
-class ReferenceBackend(DeviceBackend):
+class ReferenceBackend(DeviceBackend[ReferenceModule]):
     """A device backend that runs every kernel with the reference executor. Register it for
     any device whose tensors support torch operations:
     ``coil.register_backend_for_device("cpu", ReferenceBackend())``."""

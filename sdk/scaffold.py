@@ -67,7 +67,7 @@ def slots(name: str, device: str) -> dict[str, str]:
 def torch_knows(device: str) -> bool:
     """Whether this torch knows device type ``device`` (built in, or registered as PrivateUse1
     by an extension already imported)."""
-    import torch
+    import torch  # the `coil` command imports this module for its arguments: torch on use
     try:
         torch.device(device)
     except (RuntimeError, ValueError):

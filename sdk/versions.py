@@ -168,6 +168,24 @@ HISTORY: tuple[Release, ...] = (
         Change("Config.profile_kernels: each generated kernel's launch inside a torch.profiler "
                "range named coil:<kernel>"),
     )),
+    Release("0.19.0", (
+        Change("typed DeviceBackend and Scheduling: DeviceBackend is generic in its compiled "
+               "module (DeviceBackend[ModuleT]: compile returns it, kernel_source, kernel_choice, "
+               "export_module get it, import_module returns it); compile takes Sequence[Kernel], "
+               "call_line a Kernel, kernel_choice a KernelRef (only a name on a graph-cache hit), "
+               "capture a BoxedGraph, collective a torch OpOverload; Scheduling.can_fuse gets "
+               "(tuple[Expr, ...], tuple[Expr, ...], Sequence[ir.Node]). Annotations only: "
+               "unparameterized subclasses keep working"),
+        Change("DeviceBackend.tuning_count (None: the backend does not count), declared for the "
+               "conformance kit's autotune_cache tier, which now asks for a non-None value"),
+        Change("closed sets typed: ScatterAccumulate (ScatterNode.accumulate), "
+               "TemplateNode.op as GemmOp, Capabilities.reductions as ReductionType and "
+               "reduction_strategies as ReductionStrategy; TemplateCall's template, problem, "
+               "bias and node and Kernel.dtypes (torch.dtype) typed"),
+        Change("Kernel, KernelNode, Loop and TemplateCall are frozen dataclasses: the core "
+               "renames kernels and sets Kernel.inplace on copies (dataclasses.replace); a "
+               "plugin never had to change one, and now cannot"),
+    )),
 )
 
 #: The API version this Coil provides.

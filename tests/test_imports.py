@@ -132,46 +132,15 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _LAZY_PACKAGE,
     ("coil.sdk", "coil.sdk.symbolic"):
         _LAZY_PACKAGE,
-    ("coil.sdk.diskcache", "coil.sdk.remotecache"):
-        _UNREVIEWED,
-    ("coil.sdk.testing.opinfo_modes", "coil.sdk.testing.compare"):
-        _NEEDLESS,
     ("coil.sdk.testing.opinfo_modes", "coil.sdk.testing.opinfo_grad"):
         _CYCLE_TODO,
-    ("coil.sdk.testing.opinfo_modes", "coil.sdk.testing.opinfo_layout"):
-        _UNREVIEWED,
     ("coil.sdk.testing.plugin", "coil.sdk.testing.kit"):
-        _UNREVIEWED,
-    ("coil.sdk.testing.test_opinfo", "coil.sdk.testing.opinfo_db"):
-        _UNREVIEWED,
+        ("the kit's pytest plugin loads in every pytest session (the pytest11 entry point): "
+         "torch and the kit are imported only once a test asks for a kit"),
     ("coil.selfcheck", "coil.repro"):
         _UNREVIEWED,
     ("coil_cuda_triton", "coil_cuda_triton.backend"):
         _LAZY_PLUGIN,
-    ("coil_cuda_triton.aot", "coil.sdk"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.aot", "coil_cuda_triton.launch"):
-        _NEEDLESS,
-    ("coil_cuda_triton.aot", "coil_cuda_triton.loader"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.backend", "coil_cuda_triton.graphs"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.compile_worker", "coil_cuda_triton.codegen"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.compile_worker", "coil_cuda_triton.configs"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.compile_worker", "coil_cuda_triton.launch"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.compile_worker", "coil_cuda_triton.loader"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.launch", "coil.sdk"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.launch", "coil_cuda_triton.raw_launch"):
-        _UNREVIEWED,
-    ("coil_cuda_triton.special", "coil.sdk"):
-        _NEEDLESS,
-    ("coil_cuda_triton.special", "coil_cuda_triton.indexing"):
-        _NEEDLESS,
     ("coil_template_gemm", "coil_template_gemm.cpp_gemm"):
         _LAZY_PLUGIN,
     ("coil_template_gemm", "coil_template_gemm.triton_gemm"):

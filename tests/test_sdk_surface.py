@@ -191,8 +191,8 @@ def _compare_entry(where: str, old: dict, new: dict, breaking: list, additive: l
     if old["kind"] in ("function", "method", "staticmethod", "classmethod"):
         _compare_signature(where, old, new, breaking, additive)
     elif old["kind"] == "class" and "bases" in old:
-        if old["bases"] != new["bases"]:
-            (breaking if not set(old["bases"]) <= set(new["bases"]) else additive).append(
+        if old["bases"] != new["bases"]:  # every class derives from object: never a loss
+            (breaking if not set(old["bases"]) - {"object"} <= set(new["bases"]) else additive).append(
                 f"{where}: bases {old['bases']} -> {new['bases']}")
         if "fields" in old or "fields" in new:
             _compare_fields(where, old.get("fields", []), new.get("fields", []), breaking, additive)
@@ -294,6 +294,7 @@ def test_the_rules_classify_changes():
         (_fake(base["surface"], **{"coil.sdk.f": renamed}), "0.9.0", False, "positional parameters"),
         (_fake(base["surface"], **{"coil.sdk.C": new_field}), "0.6.0", True, "field with a default"),
         (_fake(base["surface"], **{"coil.sdk.C": renamed_field}), "0.6.0", False, "field 'x' removed or renamed"),
+        (_fake(base["surface"], **{"coil.sdk.C": dict(cls, bases=["Generic"])}), "0.6.0", True, "bases"),
         ({"coil.sdk.f": fn}, "0.6.0", False, "coil.sdk.C: removed"),
     ]
     for current, version, may, word in cases:

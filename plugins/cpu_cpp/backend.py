@@ -2,6 +2,7 @@
 the system compiler, loaded through cffi, launched with raw data pointers."""
 from __future__ import annotations
 
+import os
 import pickle
 import shlex
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ class CppScheduling(sdk.Scheduling):
     max_fusion_size = 64
 
 
-class CppBackend(sdk.DeviceBackend):
+class CppBackend(sdk.DeviceBackend[CompiledModule]):
     device_type = "cpu"
     name = "cpu_cpp"
     scheduling = CppScheduling()
@@ -46,7 +47,6 @@ class CppBackend(sdk.DeviceBackend):
         extra_cflags: str = ""
 
     def __init__(self) -> None:
-        import os
         # inplace_reductions: one thread runs a kept point's loops in order (the split
         # schedule ends each loop's parallel region, a barrier, before the next), and a stash
         # is not kept in an output that overwrites an input read later (stash.py)
@@ -85,7 +85,7 @@ class CppBackend(sdk.DeviceBackend):
     @staticmethod
     def _load(path: str, decls: list[str], functions: dict[str, str], per_kernel: dict[str, str],
               source: str) -> CompiledModule:
-        import cffi
+        import cffi  # optional until a library loads; its C parser costs ~60 ms to import
         ffi = cffi.FFI()
         ffi.cdef("\n".join(decls))
         lib = ffi.dlopen(path)
@@ -138,7 +138,7 @@ class CppBackend(sdk.DeviceBackend):
         except sdk.ToolchainError as exc:
             checks.append(sdk.Check("C++ compiler", False, str(exc)))
         try:
-            import cffi
+            import cffi  # optional: `coil doctor` reports it missing
             checks.append(sdk.Check("cffi", True, cffi.__version__))
         except ImportError:
             checks.append(sdk.Check("cffi", False, "pip install cffi"))

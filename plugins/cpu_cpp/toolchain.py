@@ -197,7 +197,7 @@ def library_for(source: str, extra_flags: Sequence[str] = (), key_extra: str = "
 def self_test() -> str:
     """Build and load a small library the way kernels are built (Coil's header, OpenMP, the
     same flags); what ``coil doctor`` reports. Raises what a kernel build would raise."""
-    import cffi
+    import cffi  # optional: `coil doctor` reports it missing
 
     cxx = compiler()
     with tempfile.TemporaryDirectory(prefix="coil-doctor-") as folder:

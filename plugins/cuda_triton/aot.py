@@ -38,8 +38,12 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Sequence
 
+import coil.sdk as sdk
+
+from . import loader
 from .configs import Config
-from .launch import HOPPER
+from .launch import HOPPER, compile_for
+from .source import KernelShape
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class ManifestKernel:
     name: str
     params: tuple[str, ...]
     types: tuple[str, ...]
-    shape: str
+    shape: KernelShape
     buffers: tuple[str, ...]
 
 
@@ -86,7 +90,6 @@ class Plan:
 
 
 def default_cache_dir() -> str:
-    import coil.sdk as sdk
     return os.path.dirname(sdk.cache_dir("triton-source"))
 
 
@@ -163,7 +166,6 @@ def _load(path: str) -> ModuleType:
     """Import a generated source file with GPU ``triton.jit`` (once per worker process)."""
     module = _modules.get(path)
     if module is None:
-        from . import loader
         digest = hashlib.sha256(path.encode()).hexdigest()[:16]
         spec = importlib.util.spec_from_file_location(f"coil_aot_{digest}", path)
         assert spec is not None and spec.loader is not None
@@ -176,9 +178,7 @@ def _load(path: str) -> ModuleType:
 
 def compile_task(task: Task) -> Failure | None:
     """``triton.compile`` of one task for Hopper; a :class:`Failure` with Triton's error."""
-    from triton.backends.compiler import GPUTarget
-
-    from .launch import compile_for
+    from triton.backends.compiler import GPUTarget  # optional: planning needs no triton
     try:
         fn = getattr(_load(task.path), task.kernel.name)
         compile_for(fn, task.kernel, task.config, target=GPUTarget(*HOPPER), aligned=True,  # type: ignore[arg-type]

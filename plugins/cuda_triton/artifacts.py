@@ -22,6 +22,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import torch
+
 import coil.sdk as sdk
 
 from .codegen import KernelSource
@@ -127,10 +129,9 @@ class Binary:
 def current_target() -> Target | None:
     """The GPU Triton would build for here (None without one)."""
     try:
-        import torch
         if not torch.cuda.is_available():
             return None
-        from triton.runtime import driver
+        from triton.runtime import driver  # optional: only with a GPU
         t = driver.active.get_current_target()
         return (t.backend, t.arch, t.warp_size)
     except Exception:  # noqa: BLE001 - no driver, no GPU: nothing to install into
@@ -138,7 +139,7 @@ def current_target() -> Target | None:
 
 
 def triton_version() -> str:
-    import triton
+    import triton  # optional: the CPU-only path imports this module
     return triton.__version__
 
 
@@ -162,7 +163,7 @@ def refusal(binary: Binary, here: Target | None, version: str) -> str | None:
 def install(binary: Binary) -> bool:
     """Put ``binary`` into Triton's disk cache under its key, where ``triton.compile`` of the
     same kernel finds it; whether it was new there."""
-    from triton.runtime.cache import get_cache_manager
+    from triton.runtime.cache import get_cache_manager  # optional: only when installing a build
     manager = get_cache_manager(binary.hash)
     if manager.get_group(binary.metadata_file) is not None:
         return False

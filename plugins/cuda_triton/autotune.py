@@ -15,6 +15,8 @@ import time
 import traceback
 from typing import Callable, Sequence
 
+import torch
+
 import coil.sdk as sdk
 from coil.sdk.diskcache import DiskCache
 
@@ -141,7 +143,6 @@ def cuda_bench(fn: Callable[[], None], reps: int = 5, hold: bool = False) -> flo
     """Median milliseconds of ``fn`` on the current CUDA stream, after one warm-up launch;
     with ``hold``, device time alone (the samples queue behind a short spin,
     :data:`HOLD_CYCLES`)."""
-    import torch
     fn()
     if hold:
         torch.cuda._sleep(HOLD_CYCLES)

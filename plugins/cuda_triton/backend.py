@@ -6,6 +6,7 @@ tensors; CI routes the ``cpu`` device to it with ``coil.register_backend_for_dev
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import pickle
 from dataclasses import dataclass, field
@@ -14,10 +15,12 @@ from typing import Any, Sequence
 import torch
 
 import coil.sdk as sdk
+from coil.sdk.backend import BoxedGraph, KernelRef
 
 from . import artifacts, autotune, compile_pool, dedup, launch, loader
 from .artifacts import EXPORT_FORMAT, KernelPlan, TemplateSpec
 from .codegen import KernelSource, KernelWriter
+from .graphs import GraphReplay
 from .launch import Launcher
 from .special import special_kernel
 from .split import SplitLauncher
@@ -74,7 +77,7 @@ class TritonOptions:
     bounds_check: bool = False
 
 
-class TritonBackend(sdk.DeviceBackend):
+class TritonBackend(sdk.DeviceBackend[CompiledModule]):
     device_type = "cuda"
     name = "cuda_triton"
     scheduling = TritonScheduling()
@@ -314,7 +317,7 @@ class TritonBackend(sdk.DeviceBackend):
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         return f"{module_var}.{kernel.name}(stream_{module_var}, {', '.join(args)})"
 
-    def kernel_choice(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
+    def kernel_choice(self, compiled: CompiledModule, kernel: KernelRef) -> str:
         launcher = compiled.launchers.get(kernel.name)
         return launcher.describe() if isinstance(launcher, TemplateLauncher) else ""
 
@@ -325,11 +328,10 @@ class TritonBackend(sdk.DeviceBackend):
         if not self.interpret and torch.cuda.is_available():
             torch.cuda.synchronize()
 
-    def capture(self, fn: Any, example_inputs: Sequence[Any], *,
-                static_inputs: frozenset[int] = frozenset(), measure: bool = False) -> Any:
+    def capture(self, fn: BoxedGraph, example_inputs: Sequence[Any], *,
+                static_inputs: frozenset[int] = frozenset(), measure: bool = False) -> BoxedGraph | None:
         if self.interpret:
             return None
-        from .graphs import GraphReplay
         return GraphReplay(fn, static_inputs, measure)
 
     def doctor(self) -> list[sdk.Check]:
@@ -349,7 +351,6 @@ class TritonBackend(sdk.DeviceBackend):
 
 def _record_manifest(path: str, sources: list[KernelSource]) -> None:
     """Note each kernel of a module file and its configurations next to it (``.json``)."""
-    import json
     entry = {"source_path": path, "kernels": [
         {"name": s.name, "params": s.params, "types": s.types, "shape": s.shape,
          "buffers": s.buffers, "configs": [c.__dict__ for c in s.configs]} for s in sources]}
@@ -359,7 +360,7 @@ def _record_manifest(path: str, sources: list[KernelSource]) -> None:
 
 def _triton_version() -> str:
     try:
-        import triton
+        import triton  # optional: `coil doctor` reports it missing
         return triton.__version__
     except ImportError:
         return ""

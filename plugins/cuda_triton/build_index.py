@@ -32,7 +32,7 @@ def key(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], attrs: d
         options: dict[str, Any], target: Any) -> str:
     """Coil's key of one build: of ``fn`` (a ``triton.jit`` function) with what
     ``triton.compile``'s ``ASTSource`` and options get (``target``: a ``GPUTarget``)."""
-    import triton
+    import triton  # optional: the CPU-only path imports this module and never compiles
     from triton.compiler.compiler import get_cache_invalidating_env_vars
     parts = [FORMAT, triton.__version__, _plugin_digest(), _backend_hash(target), repr(target),
              fn.src, fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
@@ -55,7 +55,7 @@ def _plugin_digest() -> str:
 
 @functools.lru_cache(maxsize=None)
 def _backend_hash(target: Any) -> str:
-    from triton.compiler.compiler import make_backend
+    from triton.compiler.compiler import make_backend  # optional: only when compiling
     return str(make_backend(target).hash())
 
 
@@ -72,7 +72,7 @@ def load(build_key: str, ast_source: Any) -> Any | None:
         return None
     try:
         entry = json.loads(data)
-        from triton.compiler import CompiledKernel
+        from triton.compiler import CompiledKernel  # optional: only when compiling
         from triton.runtime.cache import get_cache_manager
         group = get_cache_manager(entry["hash"]).get_group(entry["file"])
         if not group or entry["file"] not in group or len(group) < 2:

@@ -32,7 +32,7 @@ from . import configs, indexing, online_softmax, split
 from .indexing import IndexWriter, Level, Run
 from .optable import HALF, OPS, POINTER, STORAGE, compute, literal
 from .reductions import Reduction
-from .source import KernelSource
+from .source import KernelShape, KernelSource
 from .strategy import Scope
 
 #: Longest reduced row (elements) kept whole in registers.
@@ -61,7 +61,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
         self.xnumel = sympy.Mul(*kernel.x_ranges) if kernel.x_ranges else sympy.Integer(1)
         self.rnumel = sympy.Mul(*kernel.r_ranges) if kernel.r_ranges else sympy.Integer(1)
         self.x_contiguous = self.reduction and _contiguous_along_x(kernel)
-        self.shape = "looped"
+        self.shape: KernelShape = "looped"
         if not self.reduction:
             self.shape = "pointwise"
         elif _static(self.rnumel) is not None and _static(self.rnumel) <= PERSISTENT_LIMIT \

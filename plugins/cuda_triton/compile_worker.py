@@ -1,6 +1,10 @@
 """A compile worker of :mod:`.compile_pool`: reads jobs as JSON lines on stdin, builds each
 kernel into Triton's cache, answers ``{"ok": ...}`` on stdout (everything else it or Triton
-prints goes to stderr)."""
+prints goes to stderr).
+
+Only ever run as its own process (``python -m coil_cuda_triton.compile_worker``), so it
+imports triton at the top: importing torch, triton and Coil's modules is most of a worker's
+start, done before it reports ready."""
 from __future__ import annotations
 
 import json
@@ -9,13 +13,18 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
+import torch  # noqa: F401  (what every job needs, imported before the worker is ready)
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import codegen, launch, loader  # noqa: F401
+from .configs import Config
+
 
 def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool, debug: bool, arch: int) -> bool:
     """Build one kernel; whether Triton's cache held it already."""
-    from triton.backends.compiler import GPUTarget
-
-    from . import launch, loader
-    from .configs import Config
     with open(path) as f:
         module = loader.load(f.read(), interpret=False)
     src = SimpleNamespace(**fields)
@@ -29,10 +38,6 @@ def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool,
 def _warm_up(arch: int) -> None:
     """Compile one tiny kernel: a process's first ``triton.compile`` pays for initialising
     MLIR and LLVM (seconds), which must not land on the first real job."""
-    import triton
-    import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     @triton.jit
     def coil_warm_up(x, n, BLOCK: tl.constexpr):
@@ -47,11 +52,6 @@ def _warm_up(arch: int) -> None:
 def main() -> None:
     replies = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # stray prints must not corrupt the replies
-    # everything a job imports (torch, through Coil's modules): the slow part of starting
-    import torch  # noqa: F401
-    import triton  # noqa: F401
-
-    from . import codegen, launch, loader  # noqa: F401
     try:
         _warm_up(int(sys.argv[1]))
     except Exception as exc:  # a worker that cannot compile never reports ready

@@ -7,6 +7,10 @@ enough warps to keep 128-bit loads in flight), sized down for small problems."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # an import cycle: source.py imports this module for Config
+    from .source import KernelShape
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,7 @@ def _warps(elements: int, per_thread: int = 8, most: int = 16) -> int:
     return min(most, pow2_at_least(w))
 
 
-def candidates(shape: str, xnumel: int | None, rnumel: int | None, x_contiguous: bool) -> list[Config]:
+def candidates(shape: KernelShape, xnumel: int | None, rnumel: int | None, x_contiguous: bool) -> list[Config]:
     """Configurations to try for a kernel (``None``: a symbolic size)."""
     if shape == "pointwise":
         return _pointwise(xnumel)

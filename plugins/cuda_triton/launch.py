@@ -14,16 +14,18 @@ launches skip the bookkeeping. With symbolic sizes the winner is kept per size b
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import operator
 from typing import Any, Callable, Iterator, Sequence
 
-from coil.sdk import cachestats
+from coil.sdk import ExprPrinter, cachestats
 
 from . import autotune, build_index, configs
 from .codegen import KernelSource
 from .configs import Config
+from .raw_launch import RawLauncher, usable
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
     """``triton.compile`` of one configuration (``target``: None for the current GPU);
     ``on_cache(hit)`` learns whether Triton's disk cache held the binary. ``cached_only``:
     only what Coil's build index finds (None when it finds nothing), never a compile."""
-    import triton
+    import triton  # optional: the CPU-only path imports this module and never compiles
     from triton.compiler import ASTSource
     reduction = has_rblock(src)
     n_ptrs = len(src.buffers)
@@ -82,7 +84,7 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
 def _listening(on_cache: Callable[[bool], None] | None) -> Iterator[None]:
     """Triton's compilation listener (its only report of a cache hit) set to tell
     ``on_cache``, and whoever listened before, for the duration of one compile."""
-    from triton import knobs
+    from triton import knobs  # optional: only when compiling
     compilation = getattr(knobs, "compilation", None)
     if on_cache is None or not hasattr(compilation, "listener"):
         yield
@@ -295,7 +297,6 @@ class Launcher:
 
     def _raw_launcher(self, cfg: Config, aligned: bool) -> Any:
         """A ctypes launcher for the binary (False when it needs Triton's own)."""
-        from .raw_launch import RawLauncher, usable
         b = self.binary(cfg, aligned)
         raw: Any = RawLauncher(b, self.src.types) if usable(b) else False
         self._raw[(cfg, aligned)] = raw
@@ -307,8 +308,7 @@ def _interpreted_launch(fn: Any, grid: int, args: Sequence[Any], consts: dict[st
     :func:`mathlib.interpreting` undoes that afterwards (else a later ``triton.compile`` in
     the process fails). With ``debug``, ``tl.device_assert`` is checked, as a debug build on
     the GPU does (the interpreter's builder ignores Triton's debug settings otherwise)."""
-    import dataclasses
-
+    # optional: triton (mathlib imports it at the top), only when a kernel is interpreted
     from triton.runtime import interpreter
 
     from . import mathlib
@@ -338,9 +338,8 @@ def _block_within(n: int | None, most: int, masked: bool) -> int:
 
 def _size_fn(src: KernelSource, what: str) -> Callable[[tuple[int, ...]], int]:
     """A function of the size arguments giving ``xnumel`` (compiled from the expression)."""
-    from coil.sdk import ExprPrinter  # Python's spelling (the kernel's own is Triton's)
     expr = getattr(src, what)
     names = src.params[len(src.buffers):]
-    text = ExprPrinter().print(expr)
+    text = ExprPrinter().print(expr)  # Python's spelling (the kernel's own is Triton's)
     code = f"lambda {', '.join(['_sizes'])}: (lambda {', '.join(names) or '*_'}: int({text}))(*_sizes)"
     return eval(code)  # noqa: S307 - our own generated expression over size names

@@ -22,7 +22,7 @@ _module_counter = [0]
 
 
 def _jit(interpret: bool) -> Any:
-    import triton
+    import triton  # optional: the CPU-only path imports this module
     if interpret and not triton.knobs.runtime.interpret:
         raise sdk.ToolchainError(
             "Triton's interpreter is off: set TRITON_INTERPRET=1 in the environment before "
@@ -32,7 +32,7 @@ def _jit(interpret: bool) -> Any:
 
 def namespace(interpret: bool) -> dict[str, Any]:
     """Names generated kernels may use."""
-    from . import mathlib, runtime_lib
+    from . import mathlib, runtime_lib  # they import triton: only when kernels load
     ns = dict(mathlib.namespace(interpret))
     jit = _jit(interpret)
     for name in runtime_lib.HELPERS:

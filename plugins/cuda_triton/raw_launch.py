@@ -76,7 +76,7 @@ class RawLauncher:
     types of the non-constexpr parameters (``*fp32``, ``i64``...), pointers first."""
 
     def __init__(self, binary: Any, types: Sequence[str]) -> None:
-        from triton.runtime.driver import driver
+        from triton.runtime.driver import driver  # optional: only with a GPU build to launch
         device = driver.active.get_current_device()
         md = binary.metadata
         _, self.function, _, _, _ = driver.active.utils.load_binary(binary.name, binary.kernel, md.shared, device)

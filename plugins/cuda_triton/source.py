@@ -4,10 +4,20 @@ the launcher, the caches and the ahead-of-time build read."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import sympy
 
 from . import configs
+
+#: How the launcher grids and tunes a kernel: "pointwise" (1-D blocks of elements),
+#: "persistent" (a reduced row in one block), "looped" (blocks of a row in a loop), "tile2d"
+#: (tiles of a transpose's outer and inner dims; all four from :mod:`.codegen`), "split" and
+#: "pointwise-2d" (a split reduction's two kernels, :mod:`.split`), "template" (a matrix
+#: product, :mod:`.template`), "scan", "serial" (one program: an ordered scatter;
+#: :mod:`.special`).
+KernelShape = Literal["pointwise", "persistent", "looped", "tile2d", "split", "pointwise-2d",
+                      "template", "scan", "serial"]
 
 
 @dataclass
@@ -19,10 +29,8 @@ class KernelSource:
     #: Parameters in launch order (pointers, then sizes), with signature types.
     params: list[str]
     types: list[str]
-    #: How the launcher grids and tunes it: "pointwise", "persistent", "looped", "tile2d"
-    #: (:mod:`.codegen`), "split" and "pointwise-2d" (:mod:`.split`), "template", "scan",
-    #: "serial" (one program: an ordered scatter)
-    shape: str
+    #: How the launcher grids and tunes it (:data:`KernelShape`).
+    shape: KernelShape
     xnumel: sympy.Expr
     rnumel: sympy.Expr = sympy.Integer(1)
     #: Launch configurations the autotuner chooses from (static sizes; symbolic ones get

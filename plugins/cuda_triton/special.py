@@ -11,12 +11,13 @@ from __future__ import annotations
 import sympy
 import torch
 
-from coil.sdk import Kernel, ScanNode, ScatterNode
+from coil.sdk import Kernel, ScanNode, ScatterNode, loads
 
 from .codegen import KernelSource, KernelWriter, Scope
 from .configs import Config, pow2_at_least
-from .indexing import IndexWriter, Level
+from .indexing import IndexWriter, Level, text
 from .optable import POINTER, STORAGE, compute
+from .source import KernelShape
 
 _ATOMIC = {
     "add": (torch.float32, torch.float64, torch.float16, torch.int32, torch.int64),
@@ -77,7 +78,7 @@ class _SpecialWriter(KernelWriter):
         for run in sorted(runs, key=lambda r: (r.prefix, r.lo, r.hi)):
             self.w.line(self.levels[run.prefix].definition(run))
 
-    def make(self, shape: str, configs: list[Config]) -> KernelSource:
+    def make(self, shape: KernelShape, configs: list[Config]) -> KernelSource:
         k = self.k
         params = [f"p_{b}" for b in k.inputs + k.outputs] + [s.name for s in k.size_args]
         types = [POINTER[k.dtypes[b]] for b in k.inputs + k.outputs] + ["i64"] * len(k.size_args)  # type: ignore[index]
@@ -86,7 +87,6 @@ class _SpecialWriter(KernelWriter):
 
 
 def _text(e: sympy.Expr) -> str:
-    from .indexing import text
     return text(e)
 
 
@@ -204,5 +204,4 @@ def _combined(accumulate: str, cur: str, val: str, dtype: torch.dtype) -> str:
 
 
 def _loads(v):  # type: ignore[no-untyped-def]
-    from coil.sdk import loads
     return loads(v)

@@ -32,7 +32,7 @@ def measure(kit: Any) -> dict[str, Any]:
     from .kit import recording
 
     backend = kit.backend
-    if not hasattr(backend, "tuning_count"):
+    if getattr(backend, "tuning_count", None) is None:  # DeviceBackend.tuning_count
         return {"error": f"{type(backend).__name__} declares capabilities.autotune but has no "
                          f"tuning_count attribute (tuning searches run in this process)"}
     torch.manual_seed(0)

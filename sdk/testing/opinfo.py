@@ -192,7 +192,7 @@ def _retarget(value: Any, device: torch.device) -> Any:
 def _graph_break_summary(expected: Sequence[str] = ()) -> tuple[int, str]:
     """Graph breaks Dynamo recorded since its counters were cleared, and the first reason;
     breaks whose message holds one of the ``expected`` substrings are not counted."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # torch._dynamo (seconds) only when a sample runs
 
     breaks = {message: count for message, count in counters.get("graph_break", {}).items()
               if not any(text in str(message) for text in expected)}
@@ -227,7 +227,7 @@ def run_case(op: OpInfo, factory: CaseFactory, backend: CountingBackend, *, inde
              device: str | None = None) -> SampleRecord:
     """Build the case (``factory``), run it eagerly (CPU) and compiled (on ``device``, default
     the CPU), and classify it. Never raises (other than ``KeyboardInterrupt``/``SystemExit``)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # torch._dynamo (seconds) only when a sample runs
 
     record = SampleRecord(op=op.full_name, sample_index=index, status=Status.PASS,
                           reached_backend=False, sample=summary, variant=variant)

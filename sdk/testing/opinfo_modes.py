@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
-from .compare import DEFAULT_TOLERANCE, Tolerance
+from .compare import DEFAULT_TOLERANCE, Tolerance, clone_call_args
 from .opinfo_db import DEVICE, DTYPE, iter_samples
+from .opinfo_layout import channels_last, layout_variants, restrided
 
 if TYPE_CHECKING:
     from torch.testing._internal.opinfo.core import OpInfo, SampleInput
@@ -140,10 +141,9 @@ def case_factories(mode: Mode, op: OpInfo, sample: SampleInput) -> list[tuple[st
         return [("", lambda: Case(fn, sample, context=_autocast, tolerance=AUTOCAST_TOLERANCE,
                                   fp64_reference=lambda: fp64_run(fn, sample)))]
     if mode.requires_grad:
-        from .opinfo_grad import grad_case
+        from .opinfo_grad import grad_case  # an import cycle: opinfo_grad builds on Case here
         return [("", lambda: grad_case(op, sample, joint=mode is Mode.GRAD_JOINT))]
     if mode is Mode.LAYOUT:
-        from .opinfo_layout import layout_variants
         return [(name, (lambda s=variant_sample: Case(fn, s)))
                 for name, variant_sample in layout_variants(sample)]
     raise ValueError(f"unknown OpInfo mode {mode!r}; known: {', '.join(m.value for m in Mode)}")
@@ -172,8 +172,6 @@ def select_cases(mode: Mode, op: OpInfo, num_samples: int) -> SelectedCases:
 
 def _first_channels_last_case(op: OpInfo, fn: Callable[..., Any], taken: set[int]
                               ) -> tuple[int, SampleInput, list[tuple[str, CaseFactory]]] | None:
-    from .opinfo_layout import channels_last, restrided
-
     for index, sample in iter_samples(op, CHANNELS_LAST_SCAN):
         if index in taken:
             continue
@@ -186,8 +184,6 @@ def _first_channels_last_case(op: OpInfo, fn: Callable[..., Any], taken: set[int
 def fp64_run(fn: Callable[..., Any], sample: SampleInput) -> Any:
     """``fn`` on float64 copies of the sample's float32 tensors, outside autocast (which
     leaves float64 alone): the float64 reference for a low-precision comparison."""
-    from .compare import clone_call_args
-
     args, kwargs = clone_call_args(sample)
     widen = _widen_float32
     with torch.autocast(DEVICE, enabled=False):

@@ -234,6 +234,7 @@ class KitSession:
 
 @pytest.fixture(scope="session")
 def _coil_kit_session(request: pytest.FixtureRequest) -> Any:
+    # torch and the kit only once a test asks for a kit: this plugin loads in every pytest session
     import torch
 
     from .kit import Kit
@@ -247,7 +248,7 @@ def _coil_kit_session(request: pytest.FixtureRequest) -> Any:
 @pytest.fixture
 def coil_kit(_coil_kit_session: Any) -> Iterator[Any]:
     """The device under test (:class:`coil.sdk.testing.kit.Kit`), from a fresh Dynamo state."""
-    import torch
+    import torch  # not at the top: this plugin loads in every pytest session
     torch._dynamo.reset()
     yield _coil_kit_session
     torch._dynamo.reset()

@@ -148,7 +148,7 @@ def format_scorecard(scores: dict[str, TierScore], device: str, backend: str, se
 
 
 def run(args: argparse.Namespace) -> int:
-    import pytest
+    import pytest  # optional: only the `coil conformance` run needs it
 
     try:
         tiers = parse_tiers(args.tiers, opinfo=args.opinfo)

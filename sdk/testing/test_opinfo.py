@@ -11,6 +11,7 @@ import pytest
 from coil.sdk import host
 from coil.sdk.testing.kit import Kit
 from coil.sdk.testing.opinfo import DEFAULT_OPS, CountingBackend, run_op
+from coil.sdk.testing.opinfo_db import eligible_ops, find_ops
 from coil.sdk.testing.plugin import OPINFO_FAILURE_PROPERTY, KitOptions, options_of
 
 pytestmark = pytest.mark.coil_tier("opinfo")
@@ -20,7 +21,6 @@ def _op_names(opts: KitOptions) -> list[str]:
     text = opts.opinfo_ops.strip()
     if "opinfo" not in opts.tiers or not text:  # deselected: do not load op_db (seconds)
         return list(DEFAULT_OPS)
-    from coil.sdk.testing.opinfo_db import eligible_ops, find_ops
     if text == "all":
         return [op.full_name for op in eligible_ops()]
     try:
@@ -36,8 +36,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_opinfo(coil_kit: Kit, opinfo_op: str, request: pytest.FixtureRequest) -> None:
-    from coil.sdk.testing.opinfo_db import find_ops
-
     (op,) = [o for o in find_ops([opinfo_op], include_skipped=True) if o.full_name == opinfo_op]
     opts = options_of(request.config)
     records = run_op(op, CountingBackend(host.current().compile_fx), num_samples=opts.opinfo_samples,

@@ -41,7 +41,7 @@ def _needs_reductions(caps: Any) -> str | None:
 
 
 def _needs_float32(caps: Any) -> str | None:
-    import torch
+    import torch  # the kit's pytest plugin imports this module in every pytest session
     return None if torch.float32 in caps.dtypes else "capabilities.dtypes lacks torch.float32"
 
 

@@ -15,7 +15,7 @@ from .backend import EmuBackend
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.17.0"  # the oldest SDK with coil.sdk.codegen
+    return "0.19.0"  # the oldest SDK with a generic DeviceBackend (DeviceBackend[EmuModule])
 
 
 @sdk.hookimpl

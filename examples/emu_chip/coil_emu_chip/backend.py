@@ -24,7 +24,7 @@ class EmuModule:
     source: str
 
 
-class EmuBackend(sdk.DeviceBackend):
+class EmuBackend(sdk.DeviceBackend[EmuModule]):
     device_type = "emu"
     name = "emu_chip"
     # Scans and scatters are generated too (the core does not consult these flags yet).
