@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import coil  # noqa: F401  (registers the backend)
+
 from conftest import TEST_BACKEND
 from helpers import check
 
@@ -126,3 +128,96 @@ def test_row_invariant_integer_division_matches_eager():
     x = torch.randint(-50, 50, (4, 9), dtype=torch.int64)
     d = torch.tensor([[0], [3], [0], [-7]], dtype=torch.int64)
     check(lambda x, d: torch.where(d != 0, x % torch.where(d == 0, 1, d), -1) + x // (d * d + 1), x, d)
+
+
+# -- small kernels stay on one thread without OpenMP (plugins/cpu_cpp/cpp.py: parallel_for)
+
+
+def _kernel_with(report, fragment: str):
+    found = [k for k in report.kernels if fragment in k.name]
+    assert found, [k.name for k in report.kernels]
+    return found[0].source
+
+
+@pytest.mark.parametrize("shape", [(32, 256), (7, 33), (1, 64), (4, 1000)])
+def test_few_short_rows_use_the_inner_schedule(shape):
+    """Few kept points over a short reduced dim: no parallel region per row (the split
+    schedule's), no OpenMP at all, and eager's values."""
+    x = torch.randn(*shape)
+    r = check(lambda x: torch.log_softmax(x, -1), x)
+    source = r.kernels[0].source
+    assert "omp parallel" not in source and "ordered" not in source
+    r = check(lambda x: (x.sum(), x.amax(), x.var()), x, atol=1e-4, rtol=1e-4)  # no kept dims
+    assert all("omp parallel" not in k.source for k in r.kernels)
+
+
+def test_few_long_rows_keep_the_split_schedule():
+    x = torch.randn(4, 50000)
+    r = check(lambda x: torch.softmax(x, dim=-1), x)
+    assert "ordered" in r.kernels[0].source
+    r = check(lambda x: x.sum(), x, atol=1e-3, rtol=1e-4)  # sums in another order than eager
+    assert "ordered" in r.kernels[0].source
+
+
+@pytest.mark.parametrize("shape", [(64, 200), (300, 300)])
+def test_pointwise_pragma_by_size(shape):
+    x = torch.randn(*shape)
+    r = check(lambda x: torch.sigmoid(x) * 2 + x, x)
+    parallel = shape[0] * shape[1] > 16384
+    assert ("omp parallel" in r.kernels[0].source) == parallel
+    assert "omp simd" in r.kernels[0].source
+
+
+@pytest.mark.parametrize("rows,tokens", [(256, (2, 16)), (1000, (8, 512))])
+def test_embedding_backward_adds_atomically_only_when_shared(rows, tokens):
+    """The scatter-add of an embedding's gradient: in order on one thread (no atomics, as
+    eager adds), atomic adds where threads share the loop."""
+    weight = torch.randn(rows, 64, requires_grad=True)
+    ids = torch.randint(0, rows, tokens)
+    ids[0, :4] = 3  # repeated rows accumulate
+
+    def step(weight, ids):
+        return torch.autograd.grad(F.embedding(ids, weight).square().sum(), weight)[0]
+    want = step(weight, ids)
+    got = torch.compile(step, backend="coil")(weight, ids)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    x = torch.randn(*tokens, 64)
+    r = check(lambda x, ids: torch.zeros(rows, 64).index_put((ids,), x, accumulate=True), x, ids)
+    source = r.kernels[-1].source
+    assert ("omp atomic" in source) == (ids.numel() * 64 > 16384)
+
+
+# -- the outer schedule split at a divisor (plugins/cpu_cpp/divmod_split.py)
+
+
+def test_attention_bias_gradient_sums_contiguous_columns():
+    """A ViT block's qkv bias gradient: q, k and v gradients laid out (B, N, H, D), stacked
+    and merged into (B*N, 3*H*D), summed over rows. The columns' index ``x % 64 +
+    64*((x / 64) % 3)`` folds into ``x % 192``, so the column loop splits at 192 and every
+    load is contiguous along the lanes."""
+    def f(q, k, v):
+        g = torch.stack([q, k, v]).permute(1, 3, 0, 2, 4).reshape(34, 576)
+        return g.sum(0), g * 2
+    q, k, v = (torch.randn(2, 17, 3, 64).transpose(1, 2) for _ in range(3))
+    r = check(f, q, k, v)
+    source = _kernel_with(r, "sum")
+    assert "x0_hi" in source and "% 64" not in source and "/ 64" not in source
+    check(lambda x: x.permute(1, 0, 2).reshape(5, 96).sum(0), torch.randn(2, 5, 48))
+
+
+def test_fold_mod_chains_keeps_the_value():
+    import sympy
+    from coil.sdk import FloorDiv, ModIdx
+    from coil_cpu_cpp.divmod_split import fold_mod_chains
+    x = sympy.Symbol("x0", integer=True, nonnegative=True)
+    y = sympy.Symbol("r0", integer=True, nonnegative=True)
+    cases = [ModIdx(x, 64) + 64 * ModIdx(FloorDiv(x, 64), 3) + 192 * y,
+             2 * ModIdx(x, 4) + 8 * ModIdx(FloorDiv(x, 4), 2) + 16 * ModIdx(FloorDiv(x, 8), 3),
+             ModIdx(x, 4) + 5 * ModIdx(FloorDiv(x, 4), 2)]  # not a chain: left alone
+    folded = [fold_mod_chains(e) for e in cases]
+    assert folded[0] == ModIdx(x, 192) + 192 * y
+    assert folded[1] == 2 * ModIdx(x, 24)
+    assert folded[2] == cases[2]
+    for e, f in zip(cases, folded):
+        for xv in range(0, 500, 7):
+            assert e.subs({x: xv, y: 3}) == f.subs({x: xv, y: 3})

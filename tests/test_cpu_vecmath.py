@@ -95,3 +95,65 @@ def test_bias_gelu_residual_against_eager(dtype):
 def test_vecmath_header_enters_the_library_cache_key():
     from coil_cpu_cpp import toolchain
     assert toolchain.HEADER.with_name("coil_vecmath.h") in toolchain.HEADERS
+
+
+TANH_SPECIALS = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45, 1e-40, -3e-39,
+                 1e-20, -1e-4, 0.5499999, 0.55, 0.5500001, -0.5500001, 1.2095517, 8.9, 9.0, 9.0000005,
+                 9.1, 20.0, -1e30, 3.4e38]
+
+
+def _tanh_kernel(x: torch.Tensor) -> tuple[torch.Tensor, str]:
+    report = coil.explain(torch.tanh, x)
+    assert len(report.kernels) == 1
+    return report.result, report.kernels[0].source
+
+
+def test_tanh_float32_within_two_ulp_of_float64():
+    torch.manual_seed(0)
+    x = torch.cat([torch.linspace(-10, 10, 1_000_001), torch.randn(200_000) * 2,
+                   torch.logspace(-45, 1, 20_000, base=10.0) * torch.tensor([1.0, -1.0]).repeat(10_000),
+                   torch.tensor(TANH_SPECIALS)])
+    got, source = _tanh_kernel(x)
+    assert "coil::tanh_<float>" in source and "std::tanh" not in source
+    ref = torch.tanh(x.double())
+    finite = ~torch.isnan(x)
+    err = (got.double() - ref).abs()[finite]
+    # Every float32 checked off-line (a C++ loop over all 2^32 bit patterns): 1.502 ulp.
+    assert (err / _ulp(ref)[finite]).max().item() <= 1.51
+    torch.testing.assert_close(got, torch.tanh(x), atol=0, rtol=3e-7, equal_nan=True)  # eager's: Sleef, 1 ulp
+
+
+def test_tanh_float32_special_values():
+    x = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, -1e-45, 9.5, -1e30])
+    got, _ = _tanh_kernel(x)
+    assert got[:2].tolist() == [0.0, 0.0] and torch.signbit(got[:2]).tolist() == [False, True]
+    assert got[2:4].tolist() == [1.0, -1.0] and torch.isnan(got[4])
+    assert got[5:7].tolist() == x[5:7].tolist()  # subnormals: tanh(x) = x
+    assert got[7:].tolist() == [1.0, -1.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_tanh_other_dtypes(dtype):
+    x = torch.linspace(-12, 12, 4001, dtype=torch.float64).to(dtype)
+    got, source = _tanh_kernel(x)
+    assert f"coil::tanh_<{'double' if dtype == torch.float64 else 'float'}>" in source
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, torch.tanh(x))  # std::tanh (libmvec and ATen)
+    else:  # computed in float32 and rounded: float64's tanh rounded to the type, but for ties
+        torch.testing.assert_close(got, torch.tanh(x.double()).to(dtype), atol=0, rtol=2 ** -8)
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+def test_gelu_and_its_backward_against_eager(approximate):
+    torch.manual_seed(0)
+    x = (torch.randn(32, 256) * 3).requires_grad_()
+    fn = lambda x: F.gelu(x, approximate=approximate)  # noqa: E731
+    want = fn(x)
+    grad = torch.randn_like(want)
+    (want_grad,) = torch.autograd.grad(want, x, grad)
+    compiled = torch.compile(fn, backend="coil")
+    got = compiled(x)
+    (got_grad,) = torch.autograd.grad(got, x, grad)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # the backward is decomposed (eager's is one kernel): 3.8e-6 apart with libm's tanh, 2e-6 now
+    torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-5)

@@ -14,8 +14,8 @@ from coil.sdk.codegen import ValueScope, ValueVisitor, is_integer_identity
 
 from . import reduction_loops, special, template
 from .accumulators import accumulator
-from .cpp import for_header, idx, parallel_if
-from .divmod_split import innermost_split
+from .cpp import for_header, idx, parallel_for
+from .divmod_split import fold_mod_chains, innermost_split
 from .hoist import hoist_row_invariants, reciprocal
 from .tiling import TILE, transpose_tiles
 from .optable import CTYPES, OPS, literal
@@ -35,6 +35,9 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         self.lane = ""
         #: Rewrites of index subexpressions into loop variables (see :mod:`.divmod_split`).
         self.index_subs: dict[sympy.Expr, sympy.Expr] = {}
+        #: A line at the top of each lane of the outer reduction schedule (the split
+        #: variable's definition, see :mod:`.reduction_loops`).
+        self.lane_prelude = ""
 
     # -- entry
 
@@ -69,7 +72,14 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
 
     def idx(self, e: sympy.Expr) -> str:
         """An index expression in C++, in terms of the loop variables of the nest."""
-        return idx(sympy.sympify(e).xreplace(self.index_subs) if self.index_subs else e)
+        if not self.index_subs:
+            return idx(e)
+        return idx(fold_mod_chains(sympy.sympify(e)).xreplace(self.index_subs))
+
+    def pragma(self, line: str) -> None:
+        """A pragma line, if there is one (``cpp.parallel_for`` may give none)."""
+        if line:
+            self.w.line(line)
 
     def _tmp(self) -> str:
         self.counter += 1
@@ -104,11 +114,8 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             if tiles is not None:
                 self._tiled_pointwise(nodes, tiles.dim)
                 return
-        points = parallel_if(sympy.Mul(*self.k.x_ranges))
-        if len(ranges) == 1:
-            self.w.line(f"#pragma omp parallel for simd {points}")
-        else:
-            self.w.line(f"#pragma omp parallel for collapse({len(ranges) - 1}) {points}")
+        points = sympy.Mul(*self.k.x_ranges)
+        self.pragma(parallel_for(points, len(ranges) - 1, simd=len(ranges) == 1))
         if split is None and len(ranges) > 1:
             # what stays the same along the innermost loop, once per pass of it
             with self.loops(names[:-1], ranges[:-1]):
@@ -129,8 +136,7 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         names, ranges = [v.name for v in self.k.x_vars], list(self.k.x_ranges)
         tiled = (dim, len(names) - 1)
         outer = [i for i in range(len(names)) if i not in tiled]
-        points = parallel_if(sympy.Mul(*ranges))
-        self.w.line(f"#pragma omp parallel for collapse({len(outer) + 2}) {points}")
+        self.pragma(parallel_for(sympy.Mul(*ranges), len(outer) + 2))
         with contextlib.ExitStack() as stack:
             for i in outer:
                 stack.enter_context(self.w.block(for_header(names[i], ranges[i]), "}"))

@@ -46,7 +46,7 @@ OPS: dict[str, Spelling] = {
     "rsqrt": lambda a, t: f"({t}(1) / std::sqrt({a[0]}))",
     "sin": _call("std::sin"), "cos": _call("std::cos"), "tan": _call("std::tan"),
     "asin": _call("std::asin"), "acos": _call("std::acos"), "atan": _call("std::atan"),
-    "sinh": _call("std::sinh"), "cosh": _call("std::cosh"), "tanh": _call("std::tanh"),
+    "sinh": _call("std::sinh"), "cosh": _call("std::cosh"), "tanh": _tcall("coil::tanh_"),
     "asinh": _call("std::asinh"), "acosh": _call("std::acosh"), "atanh": _call("std::atanh"),
     "erf": _tcall("coil::erf_"), "erfc": _call("std::erfc"), "erfinv": _tcall("coil::erfinv_"),
     "lgamma": _call("std::lgamma"), "sigmoid": _tcall("coil::sigmoid"),

@@ -24,7 +24,8 @@ from coil.sdk import Kernel, Load, Loop, ReductionNode, loads
 from coil.sdk.codegen import ValueScope
 
 from .accumulators import Accumulator, accumulator
-from .cpp import for_header, idx, parallel_if
+from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
+from .divmod_split import fold_mod_chains, innermost_split
 from .hoist import hoist_invariants
 from .optable import CTYPES
 from .stash import LoopStashes, plan, scratch_rows
@@ -40,7 +41,11 @@ LANES = 32
 #: was the fastest for ``x.sum(0)`` of 1536x4096 (64, 128 and 512 were slower; with only 8
 #: reduced elements 128 was faster, which is left alone).
 BLOCK = 256
-#: Kernels with at most this many kept points (known statically) use the split schedule.
+#: Kernels with at most this many kept points (known statically) use the split schedule,
+#: unless their reduced dims are known to be too short to share among threads: the split
+#: schedule opens a parallel region per kept point (an inactive one still costs a runtime
+#: call and an ordered loop), which took 45 us for a log-softmax over 32 rows of 256 against
+#: a few us for the inner schedule.
 SMALL_X = 32
 
 
@@ -54,7 +59,7 @@ def reduction_kernel(kw: KernelWriter) -> None:
     names = [v.name for v in k.x_vars]
     if names and not split:
         points = sympy.Mul(*k.x_ranges, *k.r_ranges)
-        kw.w.line(f"#pragma omp parallel for collapse({len(names)}) {parallel_if(points)}")
+        kw.pragma(parallel_for(points, len(names)))
     stashes = plan(k, scratch=not split)
     with kw.loops(names, k.x_ranges):
         kw.w.lines(scratch_rows(k, stashes))
@@ -68,8 +73,8 @@ def reduction_kernel(kw: KernelWriter) -> None:
 
 
 def choose_schedule(k: Kernel) -> str:
-    numel_x = sympy.Mul(*k.x_ranges)
-    if numel_x.is_number and int(numel_x) <= SMALL_X:
+    numel_x, numel_r = sympy.Mul(*k.x_ranges), sympy.Mul(*k.r_ranges)
+    if numel_x.is_number and int(numel_x) <= SMALL_X and not on_one_thread(numel_r):
         return "split"
     if _contiguous_along_x(k):
         return "outer"
@@ -78,8 +83,15 @@ def choose_schedule(k: Kernel) -> str:
 
 def _contiguous_along_x(k: Kernel) -> bool:
     """Whether more memory accesses of the r loops have unit stride along the innermost kept
-    dim (and not along the innermost reduced dim) than along the innermost reduced dim."""
+    dim (and not along the innermost reduced dim) than along the innermost reduced dim; the
+    innermost kept dim as the outer schedule loops over it (split at a divisor, see
+    :mod:`.divmod_split`)."""
+    if not k.x_vars:
+        return False
+    split = innermost_split(k)
     x, r, n = k.x_vars[-1], k.r_vars[-1], k.x_ranges[-1]
+    if split is not None:
+        x, n = split.lo, sympy.Integer(split.divisor)
     if n.is_number and int(n) < 16:
         return False
     along_x = along_r = 0
@@ -91,6 +103,8 @@ def _contiguous_along_x(k: Kernel) -> bool:
             if not kn.is_reduction and kn.node.outputs()[0] not in k.internal:
                 indices.append(kn.store_index)
             for e in indices:
+                if split is not None:
+                    e = fold_mod_chains(e).xreplace(split.substitutions())
                 unit_x, unit_r = sympy.diff(e, x) == 1, sympy.diff(e, r) == 1
                 along_x += unit_x and not unit_r
                 along_r += unit_r
@@ -272,11 +286,17 @@ def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: b
 
 def _outer(kw: KernelWriter) -> None:
     k, w = kw.k, kw.w
-    names = [v.name for v in k.x_vars]
-    last, n = names[-1], k.x_ranges[-1]
+    names, ranges = [v.name for v in k.x_vars], list(k.x_ranges)
+    split = innermost_split(k)
+    if split is not None:  # blocks of the contiguous part, as a pointwise kernel's inner loop
+        names[-1:] = [split.hi.name, split.lo.name]
+        ranges[-1:] = [ranges[-1] // split.divisor, sympy.Integer(split.divisor)]
+        kw.index_subs = split.substitutions()
+        kw.lane_prelude = f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};"
+    last, n = names[-1], ranges[-1]
     points = sympy.Mul(*k.x_ranges, *k.r_ranges)
-    w.line(f"#pragma omp parallel for collapse({len(names)}) {parallel_if(points)}")
-    with kw.loops(names[:-1], k.x_ranges[:-1]):
+    kw.pragma(parallel_for(points, len(names)))
+    with kw.loops(names[:-1], ranges[:-1]):
         with w.block(for_header(f"{last}_block", n, step=BLOCK), "}"):
             w.line(f"int64_t width = std::min<int64_t>({BLOCK}, {idx(n)} - {last}_block);")
             for buf in sorted(k.internal):
@@ -296,6 +316,8 @@ def _over_block(kw: KernelWriter, last: str) -> Iterator[None]:
     kw.w.line("#pragma omp simd")
     with kw.w.block(for_header("lane", "width"), "}"):
         kw.w.line(f"int64_t {last} = {last}_block + lane;")
+        if kw.lane_prelude:
+            kw.w.line(kw.lane_prelude)
         yield
 
 

@@ -1,7 +1,7 @@
 extern "C" void k0_mul_add_sigmoid_abs_sub(int64_t arg0_addr, int64_t buf0_addr) {
   auto arg0 = reinterpret_cast<const float*>(arg0_addr);
   auto buf0 = reinterpret_cast<float*>(buf0_addr);
-  #pragma omp parallel for simd if(parallel: 1024 > 16384)
+  #pragma omp simd
   for (int64_t x0 = 0; x0 < 1024; x0++) {
     float t1 = arg0[x0];
     float t2 = (t1 * coil::cast<float>(2.0));

@@ -1,7 +1,6 @@
 extern "C" void k0_amax_sub_exp_sum_div(int64_t arg0_addr, int64_t buf2_addr) {
   auto arg0 = reinterpret_cast<const float*>(arg0_addr);
   auto buf2 = reinterpret_cast<float*>(buf2_addr);
-  #pragma omp parallel for collapse(1) if(parallel: 16384 > 16384)
   for (int64_t x0 = 0; x0 < 64; x0++) {
     float acc_buf0 = coil::lowest<float>();
     float lane_buf0[32];
