@@ -7,15 +7,18 @@ runs in the same process, in rounds that rotate which backend goes first, so dri
 host's speed falls on all of them alike; the figure is the median over the rounds.
 
 Per backend: the first call (Dynamo and the compile), the first step's loss and gradients
-against eager's (``tests/models/check.py``'s bf16-autocast tolerances), the median and the
+against eager's (``tests/models/check.py``'s tolerances for the precision), the median and the
 fastest ms per step, the step's peak memory above what was allocated before it (the other
 backends' models included in that base, so only the step's own working set counts), and
 with ``--top`` the GPU's busiest kernels (CUDA only).
 
     python3 bench/train_side_by_side.py hf_gpt2 --device cuda --backends eager,inductor,coil
 
-A step is ``zero_grad(set_to_none=True)``, forward and loss under bf16 autocast, backward,
-and an SGD step, as in ``bench/models.py``; cuDNN's TF32 is off, as there."""
+A step is ``zero_grad(set_to_none=True)``, forward and loss under bf16 autocast (float32
+with ``--precision fp32``), backward, and an SGD step, as in ``bench/models.py``; cuDNN's
+TF32 is off, as there. On the CPU, ``--threads`` sets torch's thread count:
+
+    python3 bench/train_side_by_side.py hf_gpt2 --device cpu --size small --precision fp32 --threads 1"""
 from __future__ import annotations
 
 import argparse
@@ -32,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from models import check, imports, zoo  # noqa: E402
 
 
-def make_step(built: zoo.Built, backend: str, device: torch.device) -> tuple[Callable[[], None], list]:
+def make_step(built: zoo.Built, backend: str, device: torch.device,
+              bf16: bool = True) -> tuple[Callable[[], None], list]:
     """A training step on a fresh copy of the model; the list gets the first step's loss and
     gradients."""
     model = copy.deepcopy(built.model).train()
@@ -43,7 +47,7 @@ def make_step(built: zoo.Built, backend: str, device: torch.device) -> tuple[Cal
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             loss = built.loss_fn(fn(*built.args, **kwargs))
         loss.backward()
         if not first:
@@ -62,7 +66,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--steps", type=int, default=10, help="steps per backend per round")
     parser.add_argument("--top", type=int, default=0, help="busiest GPU kernels to list per backend")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
+                        help="bf16 autocast (the default) or plain float32")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    bf16 = args.precision == "bf16"
     device = torch.device(args.device)
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     firsts: dict[str, list] = {}
     for b in backends:
         began = time.perf_counter()
-        steps[b], firsts[b] = make_step(built, b, device)
+        steps[b], firsts[b] = make_step(built, b, device, bf16)
         steps[b]()
         sync()
         print(f"{b}: first call {time.perf_counter() - began:.1f} s", flush=True)
@@ -88,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
             if b == "eager":
                 continue
             got = dict(firsts[b][0])
-            diffs = [check.compare(n, got.get(n), ref, check.BF16_AUTOCAST) for n, ref in reference]
+            tolerance = check.BF16_AUTOCAST if bf16 else check.FP32
+            diffs = [check.compare(n, got.get(n), ref, tolerance) for n, ref in reference]
             wrong = [d for d in diffs if not d.ok]
             cosine = min((d.cosine for d in diffs if d.cosine == d.cosine), default=float("nan"))
             print(f"{b}: {len(diffs) - len(wrong)} of {len(diffs)} tensors within tolerance, smallest "
