@@ -10,11 +10,12 @@ from typing import Any, Sequence
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import compile_agreement
+from . import compile_agreement, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph
 from .decompositions import table
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ _warmed: set[str] = set()
 def _warm_up(example_inputs: Sequence[Any]) -> None:
     """Let the backend of each device among the inputs start what its first compile needs
     (``DeviceBackend.warm_up``), once per process, while AOTAutograd traces."""
-    from . import plugins
     for t in example_inputs:
         device_type = getattr(getattr(t, "device", None), "type", None)
         if device_type is None or device_type in _warmed:
@@ -55,7 +55,6 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
                options: dict[str, Any] | None = None, **unused: Any) -> Any:
     """Dynamo backend entry point."""
     if mode not in MODES:
-        from .errors import ConfigError
         raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
     _warm_up(example_inputs)

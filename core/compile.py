@@ -7,7 +7,6 @@ import dataclasses
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -20,6 +19,7 @@ from .config import Config
 from .config import active as config_active
 from .errors import LoweringError
 from .graph import GraphLowering, LoweredGraph
+from .graph_report import GraphReport, KernelReport
 from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord
@@ -29,59 +29,11 @@ from .conv_bias import split_conv_bias
 from .conv_layout import adopt_input_layouts, output_strides, saved_output_positions, to_channels_last
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
-from .scheduler import FusionDecision, schedule
+from .scheduler import schedule
 from .wrapper import WrapperWriter
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
-
-
-@dataclass
-class KernelReport:
-    name: str
-    device: str
-    source: str
-    ops: tuple[str, ...]
-    num_nodes: int
-    #: Template kernels: the template, the product, what the epilogue holds, how the choice
-    #: against the library is made.
-    template: str = ""
-    #: What the backend chose at run time (template or library, configuration); "" before
-    #: the first launch or when there is no run-time choice.
-    chosen: Callable[[], str] | None = None
-
-
-@dataclass
-class GraphReport:
-    name: str
-    kind: str  # "forward" | "backward" | "inference"
-    kernels: list[KernelReport]
-    fallbacks: list[FallbackRecord]
-    peak_bytes: int
-    stage_seconds: dict[str, float]
-    decisions: list[FusionDecision]
-    wrapper_source: str
-    num_inputs: int = 0
-    symbolic: bool = False
-    #: Kernel outputs that took the memory of a buffer dead since an earlier step.
-    reused: int = 0
-    #: Kernel outputs stored over an input of their own kernel that died there.
-    inplace: int = 0
-    #: Loaded from the graph cache (:mod:`coil.graph_cache`): nothing was lowered or generated.
-    cached: bool = False
-    #: Whether the graph is recorded and replayed (:mod:`coil.capture`), and why.
-    capture: Any = None
-    #: A training forward graph whose saved activations are not laid out as traced
-    #: (channels-last convolutions): each output's strides, reported to AOTAutograd.
-    output_strides: list[tuple[int, ...] | None] | None = None
-
-    @property
-    def fallback_ops(self) -> list[str]:
-        return [f.op for f in self.fallbacks if f.kind == "fallback"]
-
-    @property
-    def library_ops(self) -> list[str]:
-        return [f.op for f in self.fallbacks if f.kind == "library"]
 
 
 #: Observers of every compiled graph (``coil.explain`` installs one).

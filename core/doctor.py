@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import __version__, config, plugins
+from . import config, plugins
 from .errors import ConfigError
+from .sdk import API_VERSION
+from .version import __version__
 
 
 def _status(check: Any) -> str:
@@ -93,8 +95,6 @@ def _settings_lines() -> tuple[list[str], bool]:
 
 def doctor_report() -> tuple[str, bool]:
     """The report's text, and whether everything checked out."""
-    from .sdk import API_VERSION
-
     reg = plugins.registry()
     devices, devices_ok = _device_lines(reg)
     settings, settings_ok = _settings_lines()

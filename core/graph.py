@@ -18,6 +18,7 @@ from .errors import LoweringError
 from .ir import Expr, Layout
 from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
 from .lowering.context import FallbackRecord, layout_from_meta
+from .lowering.pointwise import SUPPORTED_DTYPES
 from .lowering.values import Lazy, to_sympy
 from .ops import EXACT_OPS
 from .templates import TEMPLATE_OPS, TemplateOffer, offer
@@ -372,7 +373,6 @@ def _device_type(args: Any, kwargs: Any, meta: Any) -> str | None:
 
 
 def _unsupported_dtype(args: Any, kwargs: Any, meta: Any) -> torch.dtype | None:
-    from .lowering.pointwise import SUPPORTED_DTYPES
     for v in ir._flatten(list(args) + list(kwargs.values())):
         if isinstance(v, TensorValue) and v.dtype not in SUPPORTED_DTYPES:
             return v.dtype

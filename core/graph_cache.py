@@ -32,6 +32,7 @@ from torch.utils._python_dispatch import _disable_current_modes as _no_modes
 from . import wrapper as wrapper_mod
 from .config import Config
 from .graph_key import FORMAT, GraphKey, Uncacheable, graph_key
+from .graph_report import GraphReport, KernelReport
 from .sdk.diskcache import DiskCache
 
 log = logging.getLogger(__name__)
@@ -303,8 +304,7 @@ def _guards_hold(ticket: Ticket, guards: list[Any]) -> bool:
 
 
 def _report(entry: dict[str, Any], graph_name: str, kind: str, seconds: dict[str, float],
-            modules: dict[str, tuple[Any, Any]]) -> Any:
-    from .compile import GraphReport, KernelReport
+            modules: dict[str, tuple[Any, Any]]) -> GraphReport:
     fields = entry["report"]
     kernels = []
     for kname, device, source, ops, num_nodes, template in fields["kernels"]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .compile import GraphReport
+    from .graph_report import GraphReport
 
 
 def format_graph(g: GraphReport) -> str:

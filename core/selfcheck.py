@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx
 
-from . import ir
+from . import ir, repro_writer
 from .errors import CheckError
 from .graph import LoweredGraph
 from .kernel import Kernel
@@ -467,11 +467,10 @@ def _raise(graph: CheckedGraph, mismatches: list[Mismatch], inputs: list[Any]) -
     detail = first.detail
     if len(mismatches) > 1:
         detail += f"; {len(mismatches) - 1} more output(s) differ, this one was produced first"
-    from . import repro
-    path = repro.replaying()
+    path = repro_writer.replaying()
     if path is None:
         try:
-            path = str(repro.write(graph, inputs, f"{first.what}: {detail}; produced by {first.producer}"))
+            path = str(repro_writer.write(graph, inputs, f"{first.what}: {detail}; produced by {first.producer}"))
         except Exception as exc:  # the error must still reach the user without a repro
             log.warning("coil self-check: could not write a repro script: %s", exc)
     raise CheckError(graph.name, first.index, first.max_abs, first.max_rel, str(first.producer),

@@ -52,7 +52,10 @@ class Const(Value):
     writer's common-subexpression elimination must not merge them), and every NaN equals
     every other."""
 
-    value: Any = 0
+    #: A Python scalar matching ``dtype``: ``bool`` for torch.bool, ``float`` for floating
+    #: dtypes (``inf``, ``nan`` included), ``int`` otherwise (an infinite or NaN operand of an
+    #: integer op stays a ``float``).
+    value: bool | int | float = 0
 
     def _key(self) -> tuple[Any, ...]:
         v = self.value
@@ -122,7 +125,8 @@ class Masked(Value):
 
     mask: Value | None = None
     body: Value | None = None
-    other: Any = 0
+    #: The value where ``mask`` is false, a Python scalar as :attr:`Const.value`.
+    other: bool | int | float = 0
 
     def children(self) -> tuple[Value, ...]:
         return (self.mask, self.body)
@@ -398,7 +402,9 @@ class ExternNode(Node):
     tensors go; ``output_names``/``output_layouts`` describe each tensor the call returns
     (``output_paths`` says where in the returned structure each one sits)."""
 
-    op: Any
+    #: What the wrapper calls: an ATen ``OpOverload`` as a rule, or another callable the graph
+    #: held (a higher-order op).
+    op: Callable[..., Any]
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     output_names: tuple[str, ...]

@@ -113,11 +113,14 @@ class Kernel:
 
     @property
     def first_node(self) -> ir.Node:
-        """A node of the kernel (its device is the kernel's)."""
+        """A node of the kernel (its device is the kernel's): the special node, else the
+        template's node, else the first of ``nodes``; ``ValueError`` for a kernel with none."""
         if self.special is not None:
             return self.special
-        if self.template is not None:
+        if self.template is not None and self.template.node is not None:
             return self.template.node
+        if not self.nodes:
+            raise ValueError(f"kernel {self.name} has no node")
         return self.nodes[0].node
 
     @property

@@ -25,7 +25,7 @@ import sympy
 import torch
 
 from coil.sdk.ir import (Cast, Const, IndexValue, Indirect, Load, Masked, Op, ReductionNode, ScanNode,
-                     ScatterNode, Value)
+                     ScatterAccumulate, ScatterNode, Value)
 from coil.sdk.kernel import Kernel, KernelNode
 from coil.sdk.symbolic import FloorDiv, ModIdx
 
@@ -374,7 +374,8 @@ class _Executor(ValueVisitor[_Scope, Tensor]):
         _scatter_into(self.buffers[node.name], index, value, node.accumulate)
 
 
-def _scatter_into(flat: Tensor, index: Tensor, value: Tensor, accumulate: str | None) -> None:
+def _scatter_into(flat: Tensor, index: Tensor, value: Tensor,
+                  accumulate: ScatterAccumulate | None) -> None:
     if accumulate == "add":
         flat.index_put_((index,), value, accumulate=True)
     elif accumulate is not None:

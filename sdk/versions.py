@@ -7,12 +7,16 @@ Versions are ``MAJOR.MINOR.PATCH`` and follow semantic versioning:
 * same major, declared minor at most Coil's: compatible (minor releases only add);
 * same major, declared minor newer than Coil's: refused. The plugin may rely on something
   this Coil lacks, and the failure would otherwise surface deep in a compile; upgrade Coil;
-* a different major: refused; the message lists the breaking changes in between;
+* an older major: refused when a release in between records a breaking change (the message
+  lists them); served when none does. 1.0.0 records none (it pins 0.19's contract as the
+  first stable one), so a plugin written for any 0.x keeps loading on 1.x;
+* a newer major: refused, as a newer minor;
 * the patch number is ignored (a patch release changes no API);
 * a missing or malformed version: refused, saying what form is expected.
 
 Every refusal names both versions and what changed between them (from :data:`HISTORY`). A
-breaking change always comes with a new major version, even from 0.x."""
+breaking change always comes with a new major version: from 1.0 on, anything in the surface
+snapshot (``tests/golden/sdk_surface.json``) is removed or changed incompatibly only in 2.0."""
 from __future__ import annotations
 
 import re
@@ -186,6 +190,19 @@ HISTORY: tuple[Release, ...] = (
                "renames kernels and sets Kernel.inplace on copies (dataclasses.replace); a "
                "plugin never had to change one, and now cannot"),
     )),
+    Release("1.0.0", (
+        Change("the first stable contract: 0.19's, pinned. Every name of coil.sdk's surface "
+               "(coil.sdk.__all__ and the public names of its modules), every public signature "
+               "and every dataclass field, as tests/golden/sdk_surface.json records them, "
+               "changes incompatibly only with 2.0; the kernel IR (coil.sdk.ir, coil.sdk.kernel, "
+               "coil.sdk.ops, coil.sdk.symbolic) is the SDK's own, typed and frozen. Nothing "
+               "breaks: a plugin written for any 0.x loads unchanged (older majors are served "
+               "when no release in between records a breaking change)"),
+        Change("honest types where 0.19 had Any: Const.value and Masked.other are "
+               "bool | int | float (the Python scalar of the node's dtype), ExternNode.op is "
+               "Callable[..., Any] (an ATen OpOverload as a rule); Kernel.first_node returns a "
+               "node or raises ValueError for a kernel without one (never None)"),
+    )),
 )
 
 #: The API version this Coil provides.
@@ -243,6 +260,9 @@ def compatibility(declared: str, provided: str | None = None,
                        f"than {provided}, let it declare {provided} ({_GUIDE})")
     changes = changes_between(declared, provided, history)
     breaking = [(v, c) for v, c in changes if c.breaking]
+    if not breaking:  # an older major that nothing since has broken (0.x on 1.x)
+        return True, (f"{both}; the major versions differ, but no release since breaks "
+                      f"anything: {_listing(changes)}")
     return False, (f"{both}; the major versions differ, so the contract changed. Breaking "
                    f"changes since {declared}: {_listing(breaking) or '(none recorded)'}. "
                    f"Update the plugin for them and declare {provided} ({_GUIDE})")

@@ -39,7 +39,8 @@ def test_generated_files(tmp_path):
     pyproject = (tmp_path / "pkg" / "pyproject.toml").read_text()
     assert '[project.entry-points."coil.plugins"]\nmy_chip = "coil_my_chip"' in pyproject
     backend = (tmp_path / "pkg" / "coil_my_chip" / "backend.py").read_text()
-    assert 'device_type = "npu"' in backend and "class MyChipBackend(sdk.DeviceBackend)" in backend
+    assert 'device_type = "npu"' in backend
+    assert "class MyChipBackend(sdk.DeviceBackend[ReferenceModule])" in backend  # typed
     assert f'return "{API_VERSION}"' in (tmp_path / "pkg" / "coil_my_chip" / "__init__.py").read_text()
     for f in files:
         if f.suffix == ".py":

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import coil
-from coil import plugins, repro, selfcheck
+from coil import plugins, repro, repro_writer, selfcheck
 from coil.errors import CheckError
 from coil.lowering import GENERIC
 
@@ -240,7 +240,7 @@ def test_compare_tolerances():
 def test_repro_round_trip_symbolic_constants_indices(wrong_lowering, checking, monkeypatch):
     """A symbolic graph with a tensor constant, an index input and a transposed input: its
     repro replays the mismatch with saved and with random inputs, and passes once fixed."""
-    monkeypatch.setattr(repro, "SAVE_INPUTS_LIMIT", 1 << 20)
+    monkeypatch.setattr(repro_writer, "SAVE_INPUTS_LIMIT", 1 << 20)
     wrong_lowering(aten.sin.default, aten.cos.default)
     table = torch.randn(10, 3)
 

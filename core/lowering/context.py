@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import sympy
 import torch
 
-from .. import ir
+from .. import ir, plugins
 from ..config import Config
+from ..errors import LoweringError
 from ..ir import Expr, Layout
-from .values import Lazy, Realized, TensorValue
+from .values import Lazy, Realized, TensorValue, to_sympy
 
 if TYPE_CHECKING:
     from .random import RandomStreams
@@ -126,7 +127,6 @@ def layout_from_meta(meta: Any) -> Layout | None:
     """The eager layout of a FakeTensor, if it is dense (no overlap, no gaps)."""
     if not isinstance(meta, torch.Tensor):
         return None
-    from .values import to_sympy
     size = tuple(to_sympy(s) for s in meta.size())
     stride = tuple(to_sympy(s) for s in meta.stride())
     layout = Layout(meta.dtype, meta.device, size, stride, sympy.Integer(0))
@@ -155,8 +155,6 @@ def require_capability(device: torch.device, feature: str, op: str) -> None:
     """Raise ``LoweringError`` (so the op falls back to ATen) when the backend serving
     ``device`` declares it lacks ``feature`` (a boolean field of its ``Capabilities``, such
     as ``scans`` or ``scatter``). Devices with no backend are left to the scheduler."""
-    from .. import plugins
-    from ..errors import LoweringError
     backend = plugins.registry().backends.get(device.type)
     if backend is not None and not getattr(backend.capabilities, feature, True):
         raise LoweringError(op, f"the {device.type} backend declares {feature}=False")

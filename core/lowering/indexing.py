@@ -14,10 +14,11 @@ import torch
 from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
-from .context import LoweringContext, layout_from_meta, require_capability
+from .context import LoweringContext, layout_from_meta, require_capability, split_unit_dims
 from .pointwise import check_dtype
 from .registry import lowering
 from .values import Lazy, Realized, TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
+from .views import unsqueeze
 
 aten = torch.ops.aten
 
@@ -125,7 +126,6 @@ def _index_select(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorV
     if x.ndim == 0:
         raise LoweringError(ctx.origin, "index_select of a 0-dim tensor")
     if index.ndim == 0:
-        from .views import unsqueeze
         index = unsqueeze(index, 0)
     return _index(ctx, x, [None] * dim + [index])
 
@@ -172,14 +172,13 @@ def _gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
 
 
 def _scatter_node(ctx: LoweringContext, base: TensorValue, src_size: Sequence[Expr],
-                  target: Any, value: Any, accumulate: str | None) -> Realized:
+                  target: Any, value: Any, accumulate: ir.ScatterAccumulate | None) -> Realized:
     """``target(s) -> (dst index list, indirects)``; ``value(s) -> Value``."""
     dtype = base.dtype
     check_dtype(dtype, ctx.origin)
     require_capability(base.device, "scatter", ctx.origin)
     layout = layout_from_meta(ctx.out_meta) or ir.Layout(
         dtype, base.device, tuple(base.size), ir.contiguous_strides(base.size))
-    from .context import split_unit_dims
     ranges, idx = split_unit_dims(base.size, "x")
     src_ranges, sidx = split_unit_dims(src_size, "r")
     dst, inds = target(sidx)
@@ -193,7 +192,7 @@ def _scatter_node(ctx: LoweringContext, base: TensorValue, src_size: Sequence[Ex
 
 
 def _scatter_dim(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: Any,
-                 accumulate: str | None) -> Realized:
+                 accumulate: ir.ScatterAccumulate | None) -> Realized:
     if x.ndim == 0:
         raise LoweringError(ctx.origin, "scatter into a 0-dim tensor")
     dim = dim % x.ndim
@@ -256,7 +255,7 @@ def _scatter_add(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorVa
 @lowering(aten.scatter_reduce.two)
 def _scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue, src: TensorValue,
                     reduce: str, *, include_self: bool = True) -> TensorValue:
-    modes = {"sum": "add", "prod": "mul", "amax": "amax", "amin": "amin"}
+    modes: dict[str, ir.ScatterAccumulate] = {"sum": "add", "prod": "mul", "amax": "amax", "amin": "amin"}
     if reduce not in modes or not include_self:
         raise LoweringError(ctx.origin, f"reduce={reduce!r}, include_self={include_self}")
     return _scatter_dim(ctx, x, dim, index, src, modes[reduce])

@@ -11,9 +11,10 @@ from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
 from .context import LoweringContext, layout_from_meta, require_capability, split_unit_dims
-from .pointwise import check_dtype, compute_dtype, pointwise
+from .pointwise import _where, check_dtype, compute_dtype, pointwise
 from .registry import lowering
 from .values import Realized, TensorValue, broadcast_to, cast, const, lazy, to_dtype, to_sympy
+from .views import _clamp_bounds
 
 aten = torch.ops.aten
 
@@ -150,7 +151,6 @@ def _copy_(ctx: LoweringContext, dst: TensorValue, src: TensorValue, non_blockin
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def _masked_fill(ctx: LoweringContext, x: TensorValue, mask: TensorValue, value: Any) -> TensorValue:
     out = _meta(ctx).dtype
-    from .pointwise import _where
     return _where(ctx, mask, value, x) if out == x.dtype else pointwise("where", [mask, value, x], out)
 
 
@@ -253,7 +253,6 @@ __all__ = ["constant", "copy_of", "to_dtype"]
 def _slice_scatter(ctx: LoweringContext, x: TensorValue, src: TensorValue, dim: int = 0,
                    start: Any = None, end: Any = None, step: int = 1) -> TensorValue:
     """``x`` with ``src`` written over ``x[..., start:end, ...]`` (a masked select)."""
-    from .views import _clamp_bounds
     if step != 1:
         raise LoweringError(ctx.origin, "slice_scatter with a step")
     dim = dim % x.ndim

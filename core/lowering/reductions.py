@@ -15,6 +15,7 @@ from .context import LoweringContext, layout_from_meta
 from .pointwise import check_dtype, compute_dtype, pointwise
 from .registry import lowering
 from .values import Realized, TensorValue, cast, lazy, to_dtype
+from .views import reshape
 
 aten = torch.ops.aten
 
@@ -161,7 +162,6 @@ def _arg(ctx: LoweringContext, x: TensorValue, dim: int | None = None, keepdim: 
 
 
 def _flatten(x: TensorValue) -> TensorValue:
-    from .views import reshape
     return reshape(x, (ir.sympy_product(x.size),))
 
 

@@ -65,7 +65,7 @@ def cast(v: Value, dtype: torch.dtype) -> Value:
     return ir.Cast(dtype, x=v)
 
 
-def _convert_const(value: object, dtype: torch.dtype) -> object:
+def _convert_const(value: object, dtype: torch.dtype) -> bool | int | float:
     if dtype == torch.bool:
         return bool(value)
     if dtype.is_floating_point:

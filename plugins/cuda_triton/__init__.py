@@ -13,14 +13,14 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    # written against 0.19.0, the newest SDK (a generic DeviceBackend[CompiledModule]); its
-    # writer is built on coil.sdk.codegen (0.17.0:
-    # value scope, visitor, index printer, reduction identities); uses the SDK's own IR modules,
+    # written against 1.0.0, the first stable SDK (0.19's contract pinned: a generic
+    # DeviceBackend[CompiledModule]); its writer is built on coil.sdk.codegen (0.17.0: value
+    # scope, visitor, index printer, reduction identities); uses the SDK's own IR modules,
     # capture(static_inputs=, measure=), coil.sdk.cachestats, DiskCache(layer=...),
     # export_module/import_module, template_dialects, Check.skip, coil.sdk.canonical,
     # gemm_alignment_bytes, coil.sdk.progress, Capabilities.random,
     # Capabilities.inplace_reductions, Kernel.inplace, warm_up
-    return "0.19.0"
+    return "1.0.0"
 
 
 @sdk.hookimpl

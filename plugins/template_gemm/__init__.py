@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from coil.sdk import hookimpl
 
-API_VERSION = "0.9.0"
+#: The coil.sdk API this plugin is written for: 1.0.0, the first stable SDK (it uses the
+#: coil_templates hook and coil.sdk.templates, 0.9.0, and the SDK's own kernel IR).
+API_VERSION = "1.0.0"
 
 
 @hookimpl

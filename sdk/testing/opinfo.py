@@ -2,7 +2,7 @@
 eager on the CPU (pass, mismatch, error; eager-error and nondeterministic are skips). Shared by
 the conformance kit's opinfo tier and ``tests/opinfo_harness.py`` (its CLI and CI tests).
 
-Each sample becomes one or more :class:`~.opinfo_modes.Case` s, depending on the mode
+Each sample becomes one or more :class:`~.opinfo_case.Case` s, depending on the mode
 (:class:`~.opinfo_modes.Mode`: forward, grad, grad-joint, autocast, layout). For every case:
 eager runs twice on CPU copies (they must agree), then Dynamo is reset,
 ``torch.compile(fn, backend=CountingBackend(real), dynamic=False)`` runs on a copy moved to the
@@ -26,8 +26,8 @@ import torch.fx
 
 from .compare import DtypeMismatch, Mismatch, clone_call_args, compare_call, compare_with_reference, exc_reason, one_line
 from .opinfo_db import without_seed_wrapper
-from .opinfo_modes import (FP64_MULTIPLIER, Case, CaseFactory, Mode, SkipSample, mode_skip_reason, op_fn,
-                           select_cases)
+from .opinfo_case import FP64_MULTIPLIER, Case, CaseFactory, SkipSample
+from .opinfo_modes import Mode, mode_skip_reason, op_fn, select_cases
 
 if TYPE_CHECKING:
     from torch.testing._internal.opinfo.core import OpInfo, SampleInput

@@ -22,7 +22,7 @@ import torch
 
 from .compare import clone_call_args
 from .opinfo_db import SEED
-from .opinfo_modes import Case, SkipSample
+from .opinfo_case import Case, SkipSample
 
 if TYPE_CHECKING:
     from torch.testing._internal.opinfo.core import OpInfo, SampleInput

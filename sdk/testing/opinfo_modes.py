@@ -1,6 +1,6 @@
-"""What the OpInfo runner compares, per mode: a :class:`Case` is one program built from one
-OpInfo sample (the function to compile, its call arguments, the context around both runs,
-the tolerance, Dynamo settings, and the graph breaks that belong to the mode itself).
+"""What the OpInfo runner compares, per mode: a :class:`~.opinfo_case.Case` is one program
+built from one OpInfo sample (the function to compile, its call arguments, the context around
+both runs, the tolerance, Dynamo settings, and the graph breaks that belong to the mode itself).
 
 * ``forward`` — the op on the sample, as it is (outputs and mutated inputs).
 * ``grad`` — outputs and ``torch.autograd.grad`` of a random projection of them with respect
@@ -18,16 +18,16 @@ the tolerance, Dynamo settings, and the graph breaks that belong to the mode its
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import enum
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ContextManager
 
 import torch
 
-from .compare import DEFAULT_TOLERANCE, Tolerance, clone_call_args
+from .compare import Tolerance, clone_call_args
+from .opinfo_case import Case, CaseFactory
 from .opinfo_db import DEVICE, DTYPE, iter_samples
+from .opinfo_grad import grad_case
 from .opinfo_layout import channels_last, layout_variants, restrided
 
 if TYPE_CHECKING:
@@ -60,39 +60,6 @@ AUTOCAST_DTYPE = torch.bfloat16
 #: bfloat16 intermediates (a composite op whose inner matmul autocast downcasts). Values
 #: outside it are then judged against a float64 reference (:attr:`Case.fp64_reference`).
 AUTOCAST_TOLERANCE = Tolerance(low=(1e-2, 1.6e-2), low_for_all_floats=True)
-
-
-@dataclasses.dataclass
-class Case:
-    """One compiled-versus-eager comparison: ``fn(sample.input, *sample.args,
-    **sample.kwargs)`` run eagerly (twice) and compiled, each inside ``context(device)``
-    (``device`` is ``None`` for the eager runs on the CPU)."""
-
-    fn: Callable[..., Any]
-    sample: SampleInput
-    context: Callable[[torch.device | None], ContextManager[Any]] = lambda device: contextlib.nullcontext()
-    tolerance: Tolerance = DEFAULT_TOLERANCE
-    #: Dynamo settings for the compiled run (``torch._dynamo.config.patch``).
-    dynamo_config: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: Substrings of graph-break messages the mode causes on purpose; not counted.
-    expected_breaks: tuple[str, ...] = ()
-    #: When values differ beyond ``tolerance``: build the float64 reference run (eager,
-    #: float64 copies of the inputs, no autocast). The compiled result then passes if it is
-    #: no further from it than :data:`FP64_MULTIPLIER` times eager's own distance.
-    fp64_reference: Callable[[], Any] | None = None
-
-
-#: How much further than eager a compiled low-precision result may be from float64 truth.
-FP64_MULTIPLIER = 3.0
-
-#: Builds a :class:`Case`; called inside the runner's guarded region, so an exception there
-#: (the grad mode runs eager to size its projection) marks the sample ``eager-error``.
-CaseFactory = Callable[[], Case]
-
-
-class SkipSample(Exception):
-    """Raised by a :data:`CaseFactory` when a sample has nothing to compare in this mode
-    (the runner records it as ``eager-error`` with the message)."""
 
 
 #: OpInfos the autocast mode leaves out, with the reason: differences every ``torch.compile``
@@ -141,7 +108,6 @@ def case_factories(mode: Mode, op: OpInfo, sample: SampleInput) -> list[tuple[st
         return [("", lambda: Case(fn, sample, context=_autocast, tolerance=AUTOCAST_TOLERANCE,
                                   fp64_reference=lambda: fp64_run(fn, sample)))]
     if mode.requires_grad:
-        from .opinfo_grad import grad_case  # an import cycle: opinfo_grad builds on Case here
         return [("", lambda: grad_case(op, sample, joint=mode is Mode.GRAD_JOINT))]
     if mode is Mode.LAYOUT:
         return [(name, (lambda s=variant_sample: Case(fn, s)))

@@ -15,7 +15,7 @@ from .backend import EmuBackend
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    return "0.19.0"  # the oldest SDK with a generic DeviceBackend (DeviceBackend[EmuModule])
+    return "1.0.0"  # the first stable SDK (a generic DeviceBackend: DeviceBackend[EmuModule])
 
 
 @sdk.hookimpl
