@@ -16,7 +16,9 @@ with ``--top`` the GPU's busiest kernels (CUDA only).
 
 A step is ``zero_grad(set_to_none=True)``, forward and loss under bf16 autocast (float32
 with ``--precision fp32``), backward, and an SGD step, as in ``bench/models.py``; cuDNN's
-TF32 is off, as there. On the CPU, ``--threads`` sets torch's thread count:
+TF32 is off, as there. ``--mode infer`` times an inference call instead: the model in
+``eval()``, its forward under ``no_grad`` (and bf16 autocast unless ``--precision fp32``),
+the outputs checked against eager's. On the CPU, ``--threads`` sets torch's thread count:
 
     python3 bench/train_side_by_side.py hf_gpt2 --device cpu --size small --precision fp32 --threads 1"""
 from __future__ import annotations
@@ -57,6 +59,22 @@ def make_step(built: zoo.Built, backend: str, device: torch.device,
     return step, first
 
 
+def make_infer(built: zoo.Built, backend: str, device: torch.device,
+               bf16: bool = True) -> tuple[Callable[[], None], list]:
+    """An inference call on a fresh copy of the model in ``eval()`` under ``no_grad`` (as
+    ``bench/models.py``'s ``infer`` modes call it); the list gets the first call's outputs."""
+    model = copy.deepcopy(built.model).eval()
+    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    first: list[list[tuple[str, torch.Tensor]]] = []
+
+    def call() -> None:
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            out = fn(*built.args, **built.kwargs)
+        if not first:
+            first.append([(n, t.detach().clone()) for n, t in check.flatten_output(out)])
+    return call, first
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model", choices=zoo.names())
@@ -69,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
                         help="bf16 autocast (the default) or plain float32")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: leave it)")
+    parser.add_argument("--mode", default="train", choices=("train", "infer"),
+                        help="a training step (the default) or an inference call in eval() "
+                             "under no_grad")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -86,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     firsts: dict[str, list] = {}
     for b in backends:
         began = time.perf_counter()
-        steps[b], firsts[b] = make_step(built, b, device, bf16)
+        make = make_infer if args.mode == "infer" else make_step
+        steps[b], firsts[b] = make(built, b, device, bf16)
         steps[b]()
         sync()
         print(f"{b}: first call {time.perf_counter() - began:.1f} s", flush=True)
@@ -113,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                 steps[b]()
             sync()
             times[b].append(1e3 * (time.perf_counter() - began) / args.steps)
-    print(f"| model | backend | ms per step (median) | fastest round | step peak MiB |{' GPU busy ms |' if cuda else ''}")
+    unit = "call" if args.mode == "infer" else "step"
+    print(f"| model | backend | ms per {unit} (median) | fastest round | step peak MiB |{' GPU busy ms |' if cuda else ''}")
     print(f"| --- | --- | ---: | ---: | ---: |{' ---: |' if cuda else ''}")
     for b in backends:
         peak = _peak_mib(steps[b], cuda, sync)
