@@ -58,6 +58,9 @@ def test_nan_propagates_through_max_and_argmax(coil_kit: Kit) -> None:
 
 def test_prologue_and_epilogue_fuse(coil_kit: Kit) -> None:
     coil_kit.require_reductions("sum")
-    report = coil_kit.check(lambda x: ((x * 2 + 1).sum(-1) / 3).exp(), torch.randn(16, 50), atol=1e-4)
+    # divided by the row length, the exponent stays near 1: with ``/ 3`` it reached ~25 on some
+    # random inputs, where exp turns the sum's last-bit rounding into a relative error above
+    # the default rtol (a flaky failure, 1.14e-5 against 1e-5, on a correct backend)
+    report = coil_kit.check(lambda x: ((x * 2 + 1).sum(-1) / 50).exp(), torch.randn(16, 50), atol=1e-4)
     coil_kit.assert_kernels(report, count=1)
     coil_kit.assert_no_fallbacks(report)
