@@ -81,7 +81,7 @@ def captured(fn: Callable[[list[Any]], Any], mode: str, kind: str, mutates: bool
     reason = _ineligible(mode, kind, mutates, modules, example_inputs)
     if reason is None:
         backend, _ = next(iter(modules.values()))
-        new_api = versions.parse(api_of(backend) or "0") >= CAPTURE_API
+        new_api = versions.parse(api_of(backend) or "0.0.0") >= CAPTURE_API
         if mode == "auto" and not new_api:
             reason = f"{backend.name}'s plugin declares an SDK older than 0.13.0"
         else:

@@ -113,7 +113,7 @@ def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
 
     def knows_aliasing(k: Kernel) -> bool:
         api = reg.api_version(device(k).type)
-        return api is not None and versions.parse(api or "0") >= INPLACE_API
+        return api is not None and versions.parse(api or "0.0.0") >= INPLACE_API
 
     return InplacePolicy(
         lambda k: knows_aliasing(k) and _capability(reg, device(k), "inplace_reductions", False),

@@ -10,6 +10,7 @@ import torch
 
 from coil.sdk import ScanNode, ScatterNode
 from coil.sdk.codegen import ValueScope
+from coil.sdk.ir import ScatterAccumulate
 
 from .cpp import for_header, idx, on_one_thread, parallel_for
 from .optable import CTYPES, HALF_TYPES
@@ -67,7 +68,7 @@ def scatter(kw: KernelWriter, node: ScatterNode) -> None:
             w.line(f"{target} = coil::cast<{t}>({_combined(node.accumulate, target, val, t)});")
 
 
-def _combined(accumulate: str, target: str, val: str, t: str) -> str:
+def _combined(accumulate: ScatterAccumulate, target: str, val: str, t: str) -> str:
     """The new value of a scatter target; half types combine in float."""
     half = t in HALF_TYPES
     cur = f"coil::cast<float>({target})" if half else target

@@ -12,6 +12,7 @@ import sympy
 import torch
 
 from coil.sdk import Kernel, ScanNode, ScatterNode, loads
+from coil.sdk.ir import ScatterAccumulate
 
 from .codegen import KernelSource, KernelWriter, Scope
 from .configs import Config, pow2_at_least
@@ -196,7 +197,7 @@ class _ScatterWriter(_SpecialWriter):
         return self.make("pointwise", [Config(1024, num_warps=4)])
 
 
-def _combined(accumulate: str, cur: str, val: str, dtype: torch.dtype) -> str:
+def _combined(accumulate: ScatterAccumulate, cur: str, val: str, dtype: torch.dtype) -> str:
     fp = dtype.is_floating_point
     return {"add": f"({cur} + {val})", "mul": f"({cur} * {val})",
             "amax": f"max_nan({cur}, {val})" if fp else f"tl.maximum({cur}, {val})",
