@@ -13,7 +13,7 @@ Loop variables are ``x0, x1, ...`` in both shapes; the substitutions are simulta
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import sympy
 
@@ -43,20 +43,31 @@ def _moved(node: ir.PointwiseNode, target: tuple, mapping: dict) -> ir.Pointwise
     return dataclasses.replace(node, ranges=tuple(target), body=body, store_index=store)
 
 
-def _movable(node: ir.Node) -> bool:
-    return isinstance(node, ir.PointwiseNode) and not node.mutates and bool(node.ranges)
+def _merges(ranges: Sequence[sympy.Expr], target: Sequence[sympy.Expr]) -> bool:
+    """Whether ``ranges``' leading dims merge into the first of the 2-D ``target``."""
+    return (len(target) == 2 and bool(ranges) and ranges[-1] == target[-1]
+            and sympy.expand(sympy.Mul(*ranges[:-1]) - target[0]) == 0)
+
+
+def mover(ranges: Sequence[sympy.Expr], target: Sequence[sympy.Expr]
+          ) -> Callable[[ir.Node, tuple], ir.PointwiseNode | None] | None:
+    """The move that takes nodes over ``ranges`` onto ``target`` (:func:`merge_leading` or
+    :func:`refine`), decided from the shapes alone, or None where neither applies: the
+    scheduler asks this for every pair it cannot fuse, so no node body is touched here."""
+    if len(ranges) > len(target) and _merges(ranges, target):
+        return merge_leading
+    if len(ranges) < len(target) and _runs(ranges, target) is not None:
+        return refine
+    return None
 
 
 def merge_leading(node: ir.Node, target: tuple) -> ir.PointwiseNode | None:
     """``node`` over the 2-D ``target`` instead of its own ranges, when both have the same
     number of points and the same last dim: its leading dims are ``target``'s first dim split
     by div/mod. None where that does not hold."""
-    if not _movable(node) or len(target) != 2:
+    if not isinstance(node, ir.PointwiseNode) or node.mutates or not _merges(tuple(node.ranges), target):
         return None
-    assert isinstance(node, ir.PointwiseNode)
     ranges = tuple(node.ranges)
-    if ranges[-1] != target[-1] or sympy.expand(sympy.Mul(*ranges[:-1]) - target[0]) != 0:
-        return None
     mapping: dict = {loop_var(len(ranges) - 1): loop_var(1)}
     q: sympy.Expr = loop_var(0)
     for d in range(len(ranges) - 2, 0, -1):
@@ -87,10 +98,9 @@ def _runs(coarse: Sequence[sympy.Expr], fine: Sequence[sympy.Expr]) -> list[list
 def refine(node: ir.Node, target: tuple) -> ir.PointwiseNode | None:
     """``node`` over ``target``, a finer shape of its points (each of its dims the product of
     consecutive dims of ``target``), else None."""
-    if not _movable(node) or len(target) <= len(node.ranges):  # type: ignore[attr-defined]
+    if not isinstance(node, ir.PointwiseNode) or node.mutates or not node.ranges:
         return None
-    assert isinstance(node, ir.PointwiseNode)
-    runs = _runs(tuple(node.ranges), tuple(target))
+    runs = _runs(tuple(node.ranges), tuple(target)) if len(target) > len(node.ranges) else None
     if runs is None:
         return None
     mapping: dict = {}

@@ -16,7 +16,7 @@ from .graph import LoweredGraph
 from .loop_order import memory_order, permute
 from . import templates
 from .kernel import Kernel, KernelNode, Loop, TemplateCall
-from .rerange import merge_leading, refine, simplify_in
+from .rerange import merge_leading, mover, simplify_in
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,9 @@ class Scheduler:
             space = (tuple(staying.x), tuple(staying.r))
             # a reduction's whole space (a normalisation of its rows) or its outputs' space
             for target in dict.fromkeys((space[0] + space[1], space[0])):
-                move = merge_leading if len(moving.x) > len(target) else refine
+                move = mover(tuple(moving.x), target)
+                if move is None:
+                    continue
                 moves = [move(self.nodes[i], target) for i in moving.members]
                 if all(m is not None for m in moves):
                     return self._fuse_moved(ga, gb, names, moving, moves, space)
