@@ -139,6 +139,8 @@ def _kernel_with(report, fragment: str):
     return found[0].source
 
 
+@pytest.mark.xfail(strict=True, reason="few short rows are back on the split schedule: off it, a "
+                   "kernel of F.normalize's gradient segfaulted (OpInfo grad sweep); see choose_schedule")
 @pytest.mark.parametrize("shape", [(32, 256), (7, 33), (1, 64), (4, 1000)])
 def test_few_short_rows_use_the_inner_schedule(shape):
     """Few kept points over a short reduced dim: no parallel region per row (the split
