@@ -86,6 +86,18 @@ def test_training_saves_activations_channels_last_and_gradients_match(channels_l
     assert "<whole graph>" not in [f.op for f in backward.fallbacks]
 
 
+def test_convolution_operands_are_saved_channels_last(channels_last_cpu):
+    """The input image and the weights, which the forward graph saves for the convolutions'
+    backward, are saved as their channels-last copies: saved in eager's layout, the backward's
+    ``convolution_backward`` got them beside a channels-last gradient and the library
+    converted the gradient back (0.34 ms per step on ResNet-18's first layer on the H200)."""
+    reports = _train(steps=1)
+    forward = next(r for r in reports if r.kind == "forward")
+    four_d = [s for s in forward.output_strides or [] if s is not None and len(s) == 4]
+    assert len(four_d) >= 4, forward.output_strides  # x, two weights, activations
+    assert all(_channels_last(s) for s in four_d), forward.output_strides
+
+
 def test_without_the_capability_training_keeps_eager_layouts():
     with config.override(training_channels_last=True):
         reports = _train(steps=1)
