@@ -73,11 +73,8 @@ def reduction_kernel(kw: KernelWriter) -> None:
 
 
 def choose_schedule(k: Kernel) -> str:
-    numel_x = sympy.Mul(*k.x_ranges)
-    # Kernels with few short rows leaving the split schedule (3891f0c) crashed a generated
-    # kernel of F.normalize's gradient (OpInfo grad sweep, segfault): back to the split
-    # schedule for every small kept space until that is understood
-    if numel_x.is_number and int(numel_x) <= SMALL_X:
+    numel_x, numel_r = sympy.Mul(*k.x_ranges), sympy.Mul(*k.r_ranges)
+    if numel_x.is_number and int(numel_x) <= SMALL_X and not on_one_thread(numel_r):
         return "split"
     if _contiguous_along_x(k):
         return "outer"

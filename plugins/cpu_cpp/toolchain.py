@@ -26,8 +26,15 @@ log = logging.getLogger(__name__)
 HEADER = Path(__file__).with_name("coil_cpu.h")
 #: Every header a kernel may include (coil_cpu.h includes the others): all enter the cache key.
 HEADERS = tuple(sorted(HEADER.parent.glob("*.h")))
+#: ``-mno-red-zone`` (x86-64 only): GCC 12.2 miscompiles some leaf kernels (reductions with no
+#: OpenMP region). The vectoriser raises a short lane array's alignment, the function gets a
+#: frame pointer but no realignment, and the array lands in the red zone at an address that the
+#: callee-saved pushes leave at 8 mod 16, where an aligned ``vmovdqa`` faults (F.normalize's
+#: gradient over 4 elements segfaulted). Without a red zone the frame is allocated aligned; the
+#: cost is a ``sub``/``add`` of the stack pointer per call.
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC",
-         "-fno-math-errno", "-fno-trapping-math", "-w"]
+         "-fno-math-errno", "-fno-trapping-math", "-w",
+         *(["-mno-red-zone"] if platform.machine() == "x86_64" else [])]
 
 
 def compiler() -> str:
