@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import sympy
@@ -19,7 +19,7 @@ from .ir import Expr, Layout
 from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
 from .lowering.context import FallbackRecord, layout_from_meta
 from .lowering.pointwise import SUPPORTED_DTYPES
-from .lowering.values import Lazy, to_sympy
+from .lowering.values import Lazy, cast, to_sympy
 from .ops import EXACT_OPS
 from .templates import TEMPLATE_OPS, TemplateOffer, offer
 
@@ -108,6 +108,17 @@ def _overloads(*names: str) -> frozenset[Any]:
 _SELECTING = ("amax", "amin", "max", "min", "sort", "topk", "kthvalue", "median", "nanmedian",
               "mode", "cummax", "cummin", "argmax", "argmin")
 _COMPARING = ("eq", "ne", "lt", "le", "gt", "ge")
+
+
+#: Half-precision types whose values every wider float type holds exactly.
+_WIDENS_EXACTLY = {torch.float32: (torch.bfloat16, torch.float16), torch.float64: (torch.bfloat16, torch.float16, torch.float32)}
+
+
+def _widened_from(body: ir.Value) -> torch.dtype | None:
+    """The narrower float type ``body`` widens exactly (its last op a cast from it), if any."""
+    if isinstance(body, ir.Cast) and body.x.dtype in _WIDENS_EXACTLY.get(body.dtype, ()):
+        return body.x.dtype
+    return None
 
 
 def _recomputed_inexactly(node: torch.fx.Node, body: ir.Value) -> bool:
@@ -257,7 +268,7 @@ class GraphLowering:
             return result
         if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
                                     or _recomputed_inexactly(node, body)):
-            return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
+            return self._store(node, result, body)
         index_size = _index_size(body)
         if index_size > INDEX_SIZE_LIMIT:
             # chained views (channel shuffles) compose index expressions that grow with every
@@ -265,6 +276,33 @@ class GraphLowering:
             log.debug("storing %s: an index expression of %d nodes", node.name, index_size)
             return self.ctx.realize(result, layout_from_meta(node.meta.get("val")))
         return result
+
+    def _store(self, node: torch.fx.Node, result: Lazy, body: ir.Value) -> Any:
+        """``result`` written to memory for its users. A value that is an exact widening of a
+        half-precision one (autocast's batch-norm backward upcasts every bf16 gradient it
+        reads twice) is stored in the narrow type, and its users widen what they load:
+        the same values in half the bytes, where only generated kernels read it."""
+        layout = layout_from_meta(node.meta.get("val"))
+        narrow = _widened_from(body)
+        if narrow is None or layout is None or not all(self._inlines(u) for u in node.users):
+            return self.ctx.realize(result, layout)
+
+        def inner(idx: list[Any]) -> ir.Value:
+            v = result.load(idx)
+            assert isinstance(v, ir.Cast) and v.x.dtype == narrow, v  # the body's structure
+            return v.x
+        stored = self.ctx.realize(Lazy(narrow, result.device, result.size, inner, origins=result.origins),
+                                  replace(layout, dtype=narrow))
+        return Lazy(result.dtype, result.device, result.size,
+                    lambda idx: cast(stored.load(idx), result.dtype), origins=result.origins)
+
+    def _inlines(self, user: torch.fx.Node) -> bool:
+        """Whether ``user`` has a lowering (so it inlines a lazy input rather than needing it
+        in memory in its own dtype)."""
+        if user.op != "call_function" or user.target in LIBRARY_OPS:
+            return False
+        device = _device_type([], {}, user.meta.get("val"))
+        return user.target is operator.getitem or self.registry.lookup(user.target, device) is not None
 
     def _fallback(self, node: torch.fx.Node, args: Any, kwargs: Any, kind: str, reason: str) -> Any:
         """Call the op itself at run time, on realized buffers."""
