@@ -111,6 +111,25 @@ def test_looped_softmax_and_layer_norm(backend):
     assert any("_cm2 = tl.sum(" in s for s in _sources(report))  # lane states of a looped Welford
 
 
+def test_looped_online_softmax_edge_rows(backend):
+    """The looped online max-and-sum (one exponential per element, ``exp(-|b - m|)``) on rows
+    whose maximum rises, falls, and holds -inf, +inf or NaN, for softmax and logsumexp."""
+    n = 12000  # looped: longer than a persistent row
+    x = torch.randn(8, n)
+    x[1] = torch.arange(n, dtype=torch.float32) / 100  # the maximum grows at every element
+    x[2] = -torch.arange(n, dtype=torch.float32) / 100  # it never grows after the first
+    x[3, ::3] = float("-inf")  # masked positions, as attention masks write them
+    x[4] = float("-inf")  # a fully masked row
+    x[5, 17] = float("inf")
+    x[6, 9000] = float("nan")
+    x[7] = 3.0  # ties everywhere
+    report = check(lambda x: torch.softmax(x, -1), x, atol=1e-6, rtol=1e-4)
+    assert any("_e = tl.exp(-tl.abs(" in s for s in _sources(report)), _sources(report)
+    check(lambda x: torch.logsumexp(x, -1), x, atol=1e-6, rtol=1e-4)
+    check(lambda x: F.cross_entropy(x[[0, 1, 2, 3, 5, 7]], torch.tensor([0, 11999, 1, 2, 17, 9])), x,
+          atol=1e-5, rtol=1e-4)
+
+
 def test_looped_welford_var_mean(backend):
     x = torch.randn(4, 10000) * 3 + 5
     report = check(lambda x: torch.var_mean(x, -1, correction=1), x, atol=1e-4, rtol=1e-4)

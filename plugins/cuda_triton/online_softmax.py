@@ -4,8 +4,9 @@ Softmax, log-softmax and cross-entropy reduce a row twice: ``m = max(b)``, then
 ``s = sum(exp(b - m))``. When the row is too long for registers (a looped kernel), that is
 two reads of the row. The online form keeps, per lane, the largest value seen and the sum of
 exponentials relative to it, rescaling the sum whenever the maximum grows
-(``s = s * exp(m_old - m_new) + exp(b - m_new)``); the lanes are combined at the end the
-same way. Both results are then exact up to rounding, from a single read."""
+(``s = s * exp(m - b) + 1`` when ``b`` is the new maximum, ``s = s + exp(b - m)`` when not:
+both are ``exp(-|b - m|)``, one exponential per element); the lanes are combined at the end
+the same way. Both results are then exact up to rounding, from a single read."""
 from __future__ import annotations
 
 from coil.sdk import Cast, KernelNode, Load, Loop, Op, ReductionNode, Value
@@ -68,11 +69,14 @@ def emit(kw: Writer, m: KernelNode, s: KernelNode) -> None:
             full = f"tl.broadcast_to(({v}).to({acc_t}), {BLOCK})"
             w.line(f"{n}_b = tl.where({mask}, {full}, {neg_inf})" if mask else f"{n}_b = {full}")
             w.line(f"{n}_new = max_nan({n}_m, {n}_b)")
-            # a lane that has seen only -inf keeps sum 0 (exp(-inf - -inf) would be NaN)
-            alpha = exp([f"{n}_m - {n}_new"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
-            term = exp([f"{n}_b - {n}_new"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
+            # one exponential per element: exp(-|b - m|) is the rescaling factor exp(m - b)
+            # when b is the new maximum and the term exp(b - m) when it is not; a lane that
+            # has seen only -inf keeps sum 0 (exp(-inf - -inf) would be NaN)
+            w.line(f"{n}_d = {n}_b - {n}_m")
+            e = exp([f"-tl.abs({n}_d)"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
+            w.line(f"{n}_e = {e}")
             w.line(f"{n}_live = {n}_new != float('-inf')")
-            w.line(f"{n}_s = tl.where({n}_live, {n}_s * {alpha} + {term}, {n}_s)")
+            w.line(f"{n}_s = tl.where({n}_live, tl.where({n}_d > 0, {n}_s * {n}_e + 1.0, {n}_s + {n}_e), {n}_s)")
             w.line(f"{n}_m = {n}_new")
     w.line(f"{n}_rm = tl.reduce({n}_m, 1, max_nan)[:, None]")
     scale = exp([f"{n}_m - {n}_rm"], m.node.acc_dtype, kw.interpret)  # type: ignore[union-attr]
