@@ -12,6 +12,7 @@ from typing import Protocol, Sequence
 import sympy
 
 from . import collectives, config, ir
+from .fusion_pairs import fusion_pairs
 from .graph import LoweredGraph
 from .loop_order import memory_order, permute
 from . import templates
@@ -150,7 +151,7 @@ class Scheduler:
         changed = True
         while changed:
             changed = False
-            for a, b in self._candidates():
+            for a, b in fusion_pairs(self.nodes, self.preds, self.reads, FUSABLE):
                 ga, gb = self.group_of[a], self.group_of[b]
                 if ga == gb or not groups[ga].alive or not groups[gb].alive:
                     continue
@@ -167,23 +168,6 @@ class Scheduler:
             else:
                 steps.append(self._make_kernel(f"k{k}", groups[gi], members))
         return Schedule(steps, self.decisions)
-
-    def _candidates(self) -> list[tuple[int, int]]:
-        pairs: list[tuple[int, int, int]] = []
-        readers: dict[str, list[int]] = {}
-        for i, node in enumerate(self.nodes):
-            if not isinstance(node, FUSABLE):
-                continue
-            for p in self.preds[i]:
-                if isinstance(self.nodes[p], FUSABLE):
-                    pairs.append((0, p, i))
-            for name in self.reads[i]:
-                readers.setdefault(name, []).append(i)
-        for name, rs in readers.items():
-            for a, b in zip(rs, rs[1:]):
-                pairs.append((1, a, b))
-        pairs.sort()
-        return [(a, b) for _, a, b in pairs]
 
     def _try_fuse(self, ga: int, gb: int) -> bool:
         A, B = self.groups[ga], self.groups[gb]

@@ -1,0 +1,56 @@
+"""Tiny independent pointwise nodes over one space share a kernel (``coil.fusion_pairs``):
+a conv net's training forward graph bumps every batch norm's ``num_batches_tracked`` in a
+one-element node of its own, which was a kernel (a launch) each."""
+from __future__ import annotations
+
+import torch
+
+import coil
+import coil.report
+from coil import fusion_pairs
+
+from helpers import check
+
+
+def test_independent_scalar_updates_share_one_kernel():
+    def bump(a, b, c, d, x):
+        for t in (a, b, c, d):
+            t.add_(1)
+        return torch.relu(x) * 2
+
+    args = [torch.tensor(3), torch.tensor(5), torch.tensor(7), torch.tensor(9), torch.randn(4096)]
+    expected = [a.clone() + 1 for a in args[:4]]
+    report = check(bump, *args)
+    assert [a.item() for a in args[:4]] == [e.item() for e in expected]
+    scalar = [k for k in report.kernels if "add" in k.name]
+    assert len(scalar) == 1, [k.name for k in report.kernels]
+
+
+def test_batch_norms_count_their_batches_in_one_kernel():
+    net = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1),
+                                                                torch.nn.BatchNorm2d(4), torch.nn.ReLU())])
+    ref = {k: v.clone() for k, v in net.state_dict().items()}
+    x = torch.randn(2, 4, 8, 8)
+    compiled = torch.compile(net, backend="coil")
+    with coil.report.recording() as report:
+        out = compiled(x)
+    bumps = [k.name for k in report.kernels if "add_copy" in k.name]
+    assert len(bumps) == 1, [k.name for k in report.kernels]
+    reference = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1),
+                                                                      torch.nn.BatchNorm2d(4), torch.nn.ReLU())])
+    reference.load_state_dict(ref)
+    torch.testing.assert_close(out, reference(x), rtol=1e-4, atol=1e-4)
+    for (name, got), want in zip(net.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=name)
+
+
+def test_tiny_nodes_linked_through_a_library_call_stay_apart():
+    """``q`` depends on ``y`` through a matmul: one kernel for both would need the matmul
+    inside it (the scheduler's cycle check refuses)."""
+    def chain(a, w):
+        y = a + 1
+        z = y.reshape(1, 1) @ w
+        return y, z.reshape(()) + 2
+
+    report = check(chain, torch.tensor(2.0), torch.tensor([[3.0]]))
+    assert len(report.kernels) == 2, [k.name for k in report.kernels]
