@@ -80,6 +80,15 @@ class LoweringContext:
             self._realized[key] = (value, out, len(self.nodes) - 1)
         return out
 
+    def source(self, buffer: str) -> tuple[Lazy, Layout] | None:
+        """The lazy value this graph wrote into ``buffer`` and the layout it wrote it in, if
+        ``buffer`` is such a value's realization and its writer is still in the graph
+        (simplifications read through a stored value to what it computes)."""
+        for value, out, position in self._realized.values():
+            if out.name == buffer and position < len(self.nodes) and self.nodes[position].name == buffer:
+                return value, out.layout
+        return None
+
     def _realize(self, value: Lazy, layout: Layout | None, view_ok: bool) -> Realized:
         if value.view_of is not None and (layout is None or view_ok):
             base, rebuild = value.view_of

@@ -1,8 +1,11 @@
 """Lowerings of reductions: sum, prod, amax/amin, argmax/argmin, any/all, mean, and a
 one-pass Welford var_mean. Each becomes one ``ReductionNode`` whose body inlines its
-pointwise producers; the scheduler fuses consumers (softmax, norms) into the same kernel."""
+pointwise producers; the scheduler fuses consumers (softmax, norms) into the same kernel.
+A sum of a scaled one-hot (cross-entropy's backward) becomes a pointwise value instead
+(:mod:`.onehot`)."""
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 import sympy
@@ -12,12 +15,14 @@ from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr, Layout
 from .context import LoweringContext, layout_from_meta
+from .onehot import sum_of_one_hot
 from .pointwise import check_dtype, compute_dtype, pointwise
 from .registry import lowering
 from .values import Realized, TensorValue, cast, lazy, to_dtype
 from .views import reshape
 
 aten = torch.ops.aten
+log = logging.getLogger(__name__)
 
 
 def _dims(x: TensorValue, dim: Any) -> list[int]:
@@ -38,8 +43,9 @@ def acc_dtype_for(rtype: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str,
-           out_dtype: torch.dtype, layout: Layout | None = None) -> list[Realized]:
-    """One ReductionNode reducing ``x`` over ``dims``; returns its output buffer(s)."""
+           out_dtype: torch.dtype, layout: Layout | None = None) -> list[TensorValue]:
+    """One ReductionNode reducing ``x`` over ``dims``; returns its output buffer(s). A sum of a
+    scaled one-hot over one dim is a pointwise value instead (:mod:`.onehot`)."""
     check_dtype(x.dtype, ctx.origin)
     check_dtype(out_dtype, ctx.origin)
     dims = list(dims)
@@ -51,6 +57,7 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
         layout = Layout(out_dtype, x.device, out_size, ir.contiguous_strides(out_size))
     ranges: list[Expr] = []
     rranges: list[Expr] = []
+    rvars: list[sympy.Symbol] = []
     full_idx: list[Expr] = []
     out_idx: list[Expr] = []
     for i, n in enumerate(x.size):
@@ -58,7 +65,8 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
             if n == 1:
                 full_idx.append(sympy.Integer(0))
             else:
-                full_idx.append(sympy.Symbol(f"r{len(rranges)}", integer=True, nonnegative=True))
+                rvars.append(sympy.Symbol(f"r{len(rranges)}", integer=True, nonnegative=True))
+                full_idx.append(rvars[-1])
                 rranges.append(n)
             if keepdim:
                 out_idx.append(sympy.Integer(0))
@@ -80,6 +88,10 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
         body = cast(body, acc)
     else:
         body = cast(body, compute_dtype(x.dtype))
+    if rtype == "sum" and len(rranges) == 1:
+        selected = _one_hot_sum(ctx, x, body, full_idx, (rvars[0], rranges[0]), out_idx, out_dtype, out_size)
+        if selected is not None:
+            return [selected]
     name = ctx.new_name()
     extra: tuple[str, ...] = ()
     ctx.add_buffer(name, layout)
@@ -94,6 +106,31 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
         reduction_type=rtype, body=body, store_index=layout.index(out_idx), acc_dtype=acc,
         extra_outputs=extra))
     return outs
+
+
+def _one_hot_sum(ctx: LoweringContext, x: TensorValue, body: ir.Value, full_idx: list[Expr],
+                 reduced: tuple[sympy.Symbol, Expr], out_idx: list[Expr], out_dtype: torch.dtype,
+                 out_size: tuple[Expr, ...]) -> TensorValue | None:
+    """The sum of ``body`` over ``reduced`` (the one reduction variable and its range) as a lazy
+    pointwise value, when the body is a scaled one-hot; loads of values this graph stored
+    are read through to what they compute, at the same element."""
+    r, size = reduced
+
+    def look_through(load: ir.Load) -> ir.Value | None:
+        known = ctx.source(load.buffer)
+        if known is None or tuple(known[1].size) != tuple(x.size):
+            return None
+        if sympy.expand(load.index - known[1].index(full_idx)) != 0:
+            return None
+        return known[0].load(full_idx)
+
+    value = sum_of_one_hot(body, r, size, look_through)
+    if value is None:
+        return None
+    log.debug("%s: a sum of a one-hot over %s elements, computed without a loop", ctx.origin, size)
+    kept = {v: i for i, v in enumerate(out_idx) if isinstance(v, sympy.Symbol)}
+    return lazy(out_dtype, x.device, out_size,
+                lambda idx: cast(ir.reindex_value(value, {v: idx[i] for v, i in kept.items()}), out_dtype))
 
 
 def _trivial_reduction(ctx: LoweringContext, x: TensorValue, full_idx: list[Expr], out_idx: list[Expr],
