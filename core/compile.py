@@ -15,6 +15,7 @@ import torch
 
 from . import capture, collectives, graph_cache, plugins, progress, selfcheck, templates
 from .sdk import versions
+from .sdk.backend import ConvolutionInfo
 from .config import Config
 from .config import active as config_active
 from .errors import LoweringError
@@ -26,7 +27,7 @@ from .lowering.context import FallbackRecord
 from .inplace import InplacePolicy
 from .memory import plan_memory, with_inplace
 from .conv_bias import split_conv_bias
-from .conv_layout import adopt_input_layouts, output_strides, saved_output_positions, to_channels_last
+from .conv_layout import Chooser, adopt_input_layouts, output_strides, saved_output_positions, to_channels_last
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
 from .scheduler import schedule
@@ -279,19 +280,18 @@ def _captured(fn: Callable[[list[Any]], Any], config: Config, kind: str, mutates
 def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
                           reg: Any, training: bool) -> list[tuple[int, ...] | None] | Exception | None:
     """Channels-last convolutions (:mod:`coil.conv_layout`) where the device's backend prefers
-    them (forward graphs only with ``training``: the ``training_channels_last`` knob).
-    Returns a training forward graph's output strides when its saved activations changed
-    layout (to report to AOTAutograd), or the exception that keeps a backward graph whose
-    inputs changed layout from being lowered. A backward graph adopts its inputs' layouts
-    whatever the knob says (a cached forward graph may have saved them channels-last)."""
-    def prefers(device: torch.device) -> bool:
-        return bool(_capability(reg, device, "conv_channels_last", False))
-
+    them for the graph's convolutions (forward graphs only with ``training``: the
+    ``training_channels_last`` knob). Returns a training forward graph's output strides when
+    its saved activations changed layout (to report to AOTAutograd), or the exception that
+    keeps a backward graph whose inputs changed layout from being lowered. A backward graph
+    adopts its inputs' layouts whatever the knob says (a cached forward graph may have saved
+    them channels-last)."""
     if kind == "inference":
-        to_channels_last(gm, prefers)
+        to_channels_last(gm, _channels_last_chooser(reg, training=False))
     elif kind == "forward" and training:
         saved = saved_output_positions(gm)  # nothing saved, or no way to report: eager's layouts
-        if saved and report_strides_possible() and to_channels_last(gm, prefers, saved):
+        if (saved and report_strides_possible()
+                and to_channels_last(gm, _channels_last_chooser(reg, training=True), saved)):
             return output_strides(gm)
     elif kind == "backward":
         try:
@@ -299,6 +299,18 @@ def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         except Exception as exc:  # noqa: BLE001 - kernels would read the inputs with wrong strides
             return LoweringError("the backward graph", f"the saved activations' layouts could not be propagated ({exc})")
     return None
+
+
+def _channels_last_chooser(reg: Any, training: bool) -> Chooser:
+    """Asks the device's backend about a graph's convolutions (``prefers_channels_last``,
+    SDK 1.1.0); a backend without that method answers with ``Capabilities.conv_channels_last``."""
+    def prefers(device: torch.device, convolutions: Sequence[ConvolutionInfo]) -> bool:
+        backend = reg.backends.get(device.type)
+        ask = getattr(backend, "prefers_channels_last", None)
+        if ask is None:
+            return bool(_capability(reg, device, "conv_channels_last", False))
+        return bool(ask(convolutions, training=training))
+    return prefers
 
 
 def report_strides_possible() -> bool:

@@ -18,30 +18,47 @@ propagates those layouts through the backward graph before it is lowered. A back
 that cannot be propagated is not lowered (it runs as traced, in eager), since its kernels
 would read the saved activations with the wrong strides.
 
-Driven by ``Capabilities.conv_channels_last`` of the device's backend. Static shapes only."""
+The choice is the backend's, per graph (:func:`describe` tells it the graph's convolutions;
+``DeviceBackend.prefers_channels_last``, whose default answers
+``Capabilities.conv_channels_last``): not per convolution, since ATen's convolution returns
+channels-last when either operand is, so an NCHW convolution after a channels-last one would
+need a transpose back. Static shapes only."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.fx
+
+from .sdk.backend import ConvolutionInfo
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 CL = torch.channels_last
 
 
-def to_channels_last(gm: torch.fx.GraphModule, prefers: Callable[[torch.device], bool],
+#: Asked once per device with the graph's 2-D convolutions on it: lay them out channels-last?
+Chooser = Callable[[torch.device, Sequence[ConvolutionInfo]], bool]
+
+
+def to_channels_last(gm: torch.fx.GraphModule, prefers: Chooser,
                      free_outputs: frozenset[int] = frozenset()) -> int:
-    """Rewrite ``gm``'s 2-D convolutions to channels-last; returns how many. Outputs at the
-    positions ``free_outputs`` keep the layout the propagation gives them; the others are
-    copied back into eager's."""
+    """Rewrite ``gm``'s 2-D convolutions to channels-last on the devices for which
+    ``prefers`` says yes; returns how many. Outputs at the positions ``free_outputs`` keep the
+    layout the propagation gives them; the others are copied back into eager's."""
     graph = gm.graph
-    convs = [n for n in graph.nodes if n.op == "call_function" and n.target is aten.convolution.default
-             and _is_4d(n.args[0]) and _is_4d(n.args[1]) and prefers(n.meta["val"].device)]
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    if not convs or not all(_static(n.meta.get("val")) for n in placeholders):
+    if not all(_static(n.meta.get("val")) for n in placeholders):
+        return 0
+    by_device: dict[torch.device, list[torch.fx.Node]] = {}
+    for n in graph.nodes:
+        if (n.op == "call_function" and n.target is aten.convolution.default
+                and _is_4d(n.args[0]) and _is_4d(n.args[1]) and _static(n.meta.get("val"))):
+            by_device.setdefault(n.meta["val"].device, []).append(n)
+    convs = [n for device, nodes in by_device.items()
+             if prefers(device, [describe(n) for n in nodes]) for n in nodes]
+    if not convs:
         return 0
     output = _output(graph)
     eager_outputs = {id(a): a.meta.get("val") for a in _flat(output.args[0]) if isinstance(a, torch.fx.Node)}
@@ -78,6 +95,23 @@ def to_channels_last(gm: torch.fx.GraphModule, prefers: Callable[[torch.device],
     gm.recompile()
     log.debug("%d convolutions in channels-last", len(convs))
     return len(convs)
+
+
+def describe(conv: torch.fx.Node) -> ConvolutionInfo:
+    """What a backend is told about one ``aten.convolution`` node with 4-D operands."""
+    x, w, out = (a.meta["val"] for a in (conv.args[0], conv.args[1], conv))
+    stride, padding, dilation, transposed, _, groups = conv.args[3:9]
+
+    def four(t: torch.Tensor) -> tuple[int, int, int, int]:
+        n, c, h, wd = (int(s) for s in t.shape)
+        return n, c, h, wd
+
+    def pair(v: Sequence[int]) -> tuple[int, int]:
+        return (int(v[0]), int(v[-1]))
+
+    return ConvolutionInfo(input=four(x), weight=four(w), output=four(out), stride=pair(stride),
+                           padding=pair(padding), dilation=pair(dilation), groups=int(groups),
+                           transposed=bool(transposed), dtype=x.dtype)
 
 
 def saved_output_positions(gm: torch.fx.GraphModule) -> frozenset[int]:

@@ -30,6 +30,7 @@ _LAZY = {
     "POINTWISE_OPS": "coil.sdk.ops", "register_backend_for_device": "coil.sdk.registry",
     "ExprPrinter": "coil.sdk.symbolic", "FloorDiv": "coil.sdk.symbolic", "ModIdx": "coil.sdk.symbolic",
     "Capabilities": "coil.sdk.backend", "Check": "coil.sdk.backend", "DeviceBackend": "coil.sdk.backend",
+    "ConvolutionInfo": "coil.sdk.backend",
     "Scheduling": "coil.sdk.backend", "CodeWriter": "coil.sdk.codewriter",
     "hookimpl": "coil.sdk.hookspecs", "ReferenceBackend": "coil.sdk.reference",
     "DiskCache": "coil.sdk.diskcache", "cache_dir": "coil.sdk.diskcache",
@@ -59,5 +60,5 @@ __all__ = [
     "ScanNode", "ScatterNode", "ExternNode", "REDUCTION_TYPES", "POINTWISE_OPS", "ExprPrinter",
     "FloorDiv", "ModIdx", "walk", "loads", "KernelCompileError", "ToolchainError", "PluginError",
     "compatibility", "ReferenceBackend", "Expr", "DiskCache", "Template", "TemplateConfig",
-    "GemmProblem", "Operand", "TemplateCall",
+    "GemmProblem", "Operand", "TemplateCall", "ConvolutionInfo",
 ]

@@ -70,7 +70,11 @@ class Capabilities:
     #: (tensor cores: 16); the core pads large 16-bit matmuls up to it. 0: never pad.
     gemm_alignment_bytes: int = 0
     #: Whether the device's convolution library runs 2-D convolutions fastest channels-last
-    #: (cuDNN on tensor cores); the core then lays inference graphs' conv nets out so.
+    #: (cuDNN on tensor cores); the core then lays inference graphs' conv nets out so. It is
+    #: the answer of the default :meth:`DeviceBackend.prefers_channels_last`: a backend whose
+    #: library wins on some convolutions and loses on others overrides that method instead
+    #: (SDK 1.1.0). Lowerings read it too: channels-last pooling windows are generated only
+    #: for a backend that declares it (elsewhere they stay ATen calls).
     conv_channels_last: bool = False
     #: Whether the op table spells the catalogue's counter-based ``rand`` and ``randn``
     #: (Philox4x32-10, :mod:`coil.sdk.ops`); only then does the core generate random ops (rand,
@@ -99,6 +103,46 @@ class Capabilities:
             v = getattr(self, f.name)
             parts.append(f"{f.name}={sorted(map(str, v)) if isinstance(v, frozenset) else v}")
         return ";".join(parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvolutionInfo:
+    """One 2-D convolution of a graph (``aten.convolution`` with 4-D operands and static
+    sizes), as :meth:`DeviceBackend.prefers_channels_last` is told about it (SDK 1.1.0)."""
+
+    #: (batch, channels in, height, width).
+    input: tuple[int, int, int, int]
+    #: (channels out, channels in / groups, kernel height, kernel width); for a transposed
+    #: convolution ATen's (channels in, channels out / groups, kernel height, kernel width).
+    weight: tuple[int, int, int, int]
+    #: (batch, channels out, height, width).
+    output: tuple[int, int, int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    transposed: bool
+    dtype: torch.dtype
+
+    @property
+    def kernel_size(self) -> tuple[int, int]:
+        """(kernel height, kernel width)."""
+        return self.weight[2], self.weight[3]
+
+    @property
+    def depthwise(self) -> bool:
+        """One input channel per group, more than one group (MobileNet's, ConvNeXt's)."""
+        return not self.transposed and self.groups > 1 and self.groups == self.input[1]
+
+    @property
+    def macs(self) -> int:
+        """Multiply-accumulates: output elements times the taps each one sums."""
+        n, c_out, h, w = self.output
+        taps = self.weight[1] * self.weight[2] * self.weight[3]
+        if self.transposed:  # ATen's weight is (in, out / groups, kh, kw): each input point
+            n, c_in, h, w = self.input  # scatters to out / groups channels over the kernel
+            return n * c_in * h * w * taps
+        return n * c_out * h * w * taps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,6 +309,19 @@ class DeviceBackend(Generic[ModuleT]):
         not know to torch's ``wait_tensor``). The default: ``op`` itself, torch's, which runs
         on the process group's ``torch.distributed`` backend (SDK 0.11.0)."""
         return op
+
+    def prefers_channels_last(self, convolutions: Sequence[ConvolutionInfo], *,
+                              training: bool) -> bool:
+        """Whether the core should lay a graph out channels-last, given the 2-D convolutions
+        it runs on this device (at least one; graph order). Asked once per graph with static
+        sizes, before lowering: for inference graphs, and with ``training`` for the forward
+        graphs of training when the ``training_channels_last`` knob is on (their saved
+        activations then reach the backward graph channels-last). A yes gives every one of
+        those convolutions channels-last operands, and the layout then flows through the
+        kernels between them; the answer is per graph because mixing layouts costs a
+        transpose wherever they meet (ATen's convolutions return channels-last when either
+        operand is). The default answers ``capabilities.conv_channels_last`` (SDK 1.1.0)."""
+        return self.capabilities.conv_channels_last
 
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""

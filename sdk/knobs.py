@@ -111,8 +111,8 @@ class Config:
     #: ``scaled_dot_product_attention`` call where the two are equivalent (:mod:`coil.attention`).
     attention_rewrite: bool = _knob(True)
     #: Channels-last convolutions in training graphs too (saved activations included), where
-    #: the device's backend declares ``Capabilities.conv_channels_last`` (inference graphs
-    #: always). On the H200, ResNet-18's bf16 training step with it: 11.6 ms against 11.9
+    #: the device's backend asks for them (``DeviceBackend.prefers_channels_last``, by default
+    #: ``Capabilities.conv_channels_last``; inference graphs always ask). On the H200, ResNet-18's bf16 training step with it: 11.6 ms against 11.9
     #: without, GPU work 5.9 ms against 7.2 (cuDNN's layout transposes gone); measured
     #: side by side in one process. (An earlier slowdown, 25.8 ms, came from a contended host.)
     training_channels_last: bool = _knob(True)

@@ -203,6 +203,13 @@ HISTORY: tuple[Release, ...] = (
                "Callable[..., Any] (an ATen OpOverload as a rule); Kernel.first_node returns a "
                "node or raises ValueError for a kernel without one (never None)"),
     )),
+    Release("1.1.0", (
+        Change("DeviceBackend.prefers_channels_last(convolutions, *, training): the backend "
+               "decides per graph, from its 2-D convolutions (coil.sdk.backend.ConvolutionInfo: "
+               "shapes, stride, padding, dilation, groups, dtype; depthwise, kernel_size, macs), "
+               "whether the core lays the graph out channels-last; the default answers "
+               "Capabilities.conv_channels_last as before"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -1,8 +1,10 @@
 """Channels-last convolutions in training (``coil.conv_layout``, knob
 ``training_channels_last``): the forward graph saves its activations channels-last and
 reports their strides to AOTAutograd, the backward graph adopts them; gradients stay eager's.
-Run through the C++ plugin with ``Capabilities.conv_channels_last`` turned on (the Triton
-plugin's setting on the GPU)."""
+Run through the C++ plugin with ``Capabilities.conv_channels_last`` turned on and the SDK's
+default ``prefers_channels_last``, which answers it for every conv net (the Triton plugin's
+setting on the GPU; the C++ plugin's own answer keeps these dense nets NCHW, see
+tests/test_conv_layout_cpu.py)."""
 from __future__ import annotations
 
 import copy
@@ -18,8 +20,13 @@ from coil import config, plugins
 
 @pytest.fixture
 def channels_last_cpu():
+    import coil.sdk as sdk
     from coil_cpu_cpp.backend import CppBackend
-    backend = CppBackend()
+
+    class ChannelsLast(CppBackend):
+        prefers_channels_last = sdk.DeviceBackend.prefers_channels_last
+
+    backend = ChannelsLast()
     backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
     plugins.reset()
     coil.register_backend_for_device("cpu", backend, name="cpp-channels-last")

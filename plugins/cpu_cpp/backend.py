@@ -31,6 +31,31 @@ class CompiledModule:
 EXPORT_FORMAT = "cpu_cpp-module-1"
 
 
+# Convolution layout (prefers_channels_last). ATen's CPU convolutions (oneDNN), one thread,
+# float32, each timed alone with NCHW and with channels-last operands: depthwise ones take
+# 0.3-0.7x the time channels-last at the model zoo's small sizes (batch 2, 64x64 images) and
+# 0.13-0.5x at batch 16 and 224x224 sizes (bfloat16: 0.3-0.4x); dense and grouped (32 groups) ones are level
+# within 10%, except large weights over a few output points, which swing both ways
+# (ResNet-18's 512x512 3x3 on 2x2 takes 2.5 ms channels-last against 1.0; ResNet-50's
+# 512->2048 1x1 on 2x2 0.42 against 2.4, but its 1024->2048 1x1 stride 2 6.7 against 0.85).
+# Whole models compiled both ways in one process (rounds rotating, 2026-12-02), ms per call
+# NCHW -> channels-last: EfficientNet-B0 15.5 -> 9.8, MobileNetV3-small 6.1 -> 4.6,
+# mobilenetv3_small_050 2.75 -> 2.12, ShuffleNetV2 4.9 -> 4.1, ConvNeXt-atto 4.05 -> 3.46,
+# but ResNet-18 13.3 -> 39.8 and ResNet-50 43.0 -> 59.3. So a graph goes channels-last when
+# its depthwise convolutions carry a fair share of its convolution multiply-accumulates:
+# they cost ~40x more time per multiply-accumulate than dense ones here and carry 3.4%
+# (ShuffleNetV2 x0.5) to 16% (mobilenetv3_small_050) of those models', none of a ResNet's;
+# a dense net with a token depthwise convolution stays NCHW. Training steps, same way:
+# MobileNetV3-small 17.9 -> 16.0 ms, ShuffleNetV2 10.3 -> 8.2, ConvNeXt-atto 17.5 -> 16.8,
+# so training forward graphs follow the same rule.
+#: Share of a graph's convolution multiply-accumulates in depthwise convolutions from which
+#: the C++ plugin asks for the graph channels-last.
+DEPTHWISE_SHARE = 0.01
+#: Whether training forward graphs may go channels-last too (when the
+#: ``training_channels_last`` knob is on); see the measurements above.
+TRAINING_CHANNELS_LAST = True
+
+
 class CppScheduling(sdk.Scheduling):
     max_fusion_size = 64
 
@@ -121,6 +146,16 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         except sdk.ToolchainError:
             cxx = "no compiler"
         return f"{cxx}; cpu {toolchain.cpu_id()}"
+
+    def prefers_channels_last(self, convolutions: Sequence[sdk.ConvolutionInfo], *,
+                              training: bool) -> bool:
+        """Channels-last where depthwise convolutions carry a fair share of the graph's
+        convolution work (:data:`DEPTHWISE_SHARE`); see the notes above it."""
+        if training and not TRAINING_CHANNELS_LAST:
+            return False
+        total = sum(c.macs for c in convolutions)
+        depthwise = sum(c.macs for c in convolutions if c.depthwise)
+        return total > 0 and depthwise >= DEPTHWISE_SHARE * total
 
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)
