@@ -88,7 +88,10 @@ def _split_divisible(expr: sympy.Expr, divisor: sympy.Expr) -> tuple[sympy.Expr,
 
 
 def _exact_quotient(term: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:
-    """``term / divisor`` when it is an integer polynomial, else None."""
+    """``term / divisor`` when it is an integer polynomial, else None (a zero divisor, as a
+    zero-size dim's index arithmetic holds, has no quotient)."""
+    if divisor.is_zero:
+        return None
     if divisor.is_Integer:  # the common case, without sympy's rational function machinery
         coeff, rest = term.as_coeff_Mul()
         if coeff.is_Integer and int(coeff) % int(divisor) == 0:

@@ -48,3 +48,20 @@ def _evaluate(e, env):
 def test_printer():
     text = ExprPrinter().print(FloorDiv(x0, 4) * 3 + ModIdx(x1, s0) - 2)
     assert text == "(-2 + 3*(x0 // 4) + (x1 % s0))"
+
+
+def test_a_zero_divisor_has_no_exact_quotient():
+    """A zero-size dim puts 0 in index arithmetic; the quotient helper must decline, not raise
+    (``torch.tile`` of a (0,)-sized input raised ZeroDivisionError in the OpInfo sweep)."""
+    from coil.sdk.symbolic import _exact_quotient
+    x = sympy.Symbol("x0", integer=True, nonnegative=True)
+    assert _exact_quotient(4 * x, sympy.Integer(0)) is None
+    assert _exact_quotient(4 * x, sympy.Integer(2)) == 2 * x
+
+
+def test_tile_of_an_empty_tensor_compiles():
+    import torch
+    for shape in [(0,), (3, 0)]:
+        x = torch.randn(shape)
+        got = torch.compile(lambda t: torch.tile(t, ()) + 1, backend="coil", dynamic=False)(x)
+        torch.testing.assert_close(got, torch.tile(x, ()) + 1)
