@@ -153,12 +153,19 @@ def test_doctor_fails_with_a_broken_compiler(monkeypatch):
 
 
 def test_failing_compile_reaches_the_user_through_torch_compile(tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", "/bin/false")
     import torch
+    from coil import plugins
 
-    with config.override(cache_dir=str(tmp_path)):
-        with pytest.raises(Exception) as info:
-            torch.compile(lambda x: x.sin() + 1, backend="coil")(torch.randn(4))
+    monkeypatch.setenv("CXX", "/bin/false")
+    # the registry's backend reads CXX when it is made: a fresh one here, and none left behind
+    # with the broken compiler for the tests that follow
+    plugins.reset()
+    try:
+        with config.override(cache_dir=str(tmp_path)):
+            with pytest.raises(Exception) as info:
+                torch.compile(lambda x: x.sin() + 1, backend="coil")(torch.randn(4))
+    finally:
+        plugins.reset()
     inner = getattr(info.value, "inner_exception", info.value)
     assert isinstance(inner, toolchain.CppCompileError), repr(info.value)
     assert "printed nothing" in str(info.value)
