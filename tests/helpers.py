@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -68,3 +71,15 @@ def cpu_routed_to(plugin: str, name: str) -> Iterator[Any]:
                 yield backend
     finally:
         plugins.reset()
+
+
+def load_bench(name: str) -> ModuleType:
+    """``bench/<name>.py`` imported as module ``name`` (``bench/`` is scripts, not a package)."""
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
+

@@ -3,32 +3,19 @@
 default stays a training step. One round of one call, so this checks behaviour, not speed."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 
+from helpers import load_bench
 from models import check, imports
-
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "train_side_by_side.py"
-
-
-def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_side_by_side", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_side_by_side", module)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
     imports.import_optional("transformers")
     pytest.importorskip("transformers")
-    return _script()
+    return load_bench("train_side_by_side")
 
 
 @pytest.mark.parametrize("mode, unit", [("infer", "call"), ("train", "step")])

@@ -6,7 +6,6 @@ GPU-only steps (rows from the profiler's CUDA events, the replay of the allocato
 made-up events and a made-up trace."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -20,17 +19,9 @@ import helpers
 from coil import config
 from models import imports
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "train_profile.py"
-
-
 @pytest.fixture(scope="module")
 def script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_profile", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_profile", module)
-    spec.loader.exec_module(module)
-    return module
+    return helpers.load_bench("train_profile")
 
 
 def test_kernels_on_cpu_named_after_coil_kernels(script, capsys, tmp_path):

@@ -27,8 +27,11 @@ def test_independent_scalar_updates_share_one_kernel():
 
 
 def test_batch_norms_count_their_batches_in_one_kernel():
-    net = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1),
-                                                                torch.nn.BatchNorm2d(4), torch.nn.ReLU())])
+    def layers() -> torch.nn.Sequential:
+        return torch.nn.Sequential(*[m for _ in range(4) for m in (
+            torch.nn.Conv2d(4, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU())])
+
+    net = layers()
     ref = {k: v.clone() for k, v in net.state_dict().items()}
     x = torch.randn(2, 4, 8, 8)
     compiled = torch.compile(net, backend="coil")
@@ -36,8 +39,7 @@ def test_batch_norms_count_their_batches_in_one_kernel():
         out = compiled(x)
     bumps = [k.name for k in report.kernels if "add_copy" in k.name]
     assert len(bumps) == 1, [k.name for k in report.kernels]
-    reference = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Conv2d(4, 4, 3, padding=1),
-                                                                      torch.nn.BatchNorm2d(4), torch.nn.ReLU())])
+    reference = layers()
     reference.load_state_dict(ref)
     torch.testing.assert_close(out, reference(x), rtol=1e-4, atol=1e-4)
     for (name, got), want in zip(net.state_dict().items(), reference.state_dict().values()):
