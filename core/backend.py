@@ -16,6 +16,7 @@ from .attention import rewrite_attention
 from .compile import compile_graph
 from .decompositions import table
 from .errors import ConfigError
+from .pool_offsets import narrow_saved_indices
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +25,19 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 
 
 def _partition_fn() -> Any:
+    """AOTAutograd's min-cut partitioner, after Coil's joint-graph rewrites: max-pool indices
+    saved as int8 window offsets (:mod:`coil.pool_offsets`)."""
     try:
-        from torch._functorch.partitioners import min_cut_rematerialization_partition
-        return min_cut_rematerialization_partition
+        from torch._functorch.partitioners import min_cut_rematerialization_partition as base
     except ImportError:  # pragma: no cover - older torch
-        from torch._functorch.partitioners import default_partition
-        return default_partition
+        from torch._functorch.partitioners import default_partition as base
+
+    @functools.wraps(base)
+    def partition(joint_module: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        narrow_saved_indices(joint_module)
+        return base(joint_module, *args, **kwargs)
+
+    return partition
 
 
 _warmed: set[str] = set()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -385,8 +386,8 @@ def _name_kernels(steps: list[object]) -> list[object]:
 def _kernel_name(i: int, k: Kernel) -> str:
     ops: list[str] = []
     for origin in k.origins:
-        short = origin.split(".")[1] if origin.startswith("aten.") else origin
-        short = short.strip("_")
+        parts = origin.split(".")  # "aten.add.Tensor", "coil.max_pool2d_offsets.default"
+        short = re.sub(r"\W", "_", parts[1] if len(parts) > 1 else origin).strip("_")
         if short not in ops and short not in _DATA_MOVEMENT:
             ops.append(short)
     suffix = "_".join(ops)[:48].rstrip("_")

@@ -296,6 +296,13 @@ def _max_pool2d_with_indices(ctx: LoweringContext, x: TensorValue, kernel_size: 
                              stride: Any = (), padding: Any = 0, dilation: Any = 1,
                              ceil_mode: bool = False) -> tuple[TensorValue, TensorValue]:
     """Values and flat indices ``h * W + w`` of each window's maximum."""
+    return max_pool(ctx, x, kernel_size, stride, padding, dilation, offsets=False)
+
+
+def max_pool(ctx: LoweringContext, x: TensorValue, kernel_size: Any, stride: Any, padding: Any,
+             dilation: Any, offsets: bool) -> tuple[TensorValue, TensorValue]:
+    """Values and the index of each window's maximum: flat (``h * W + w``, int64), or with
+    ``offsets`` the tap's number in its window (``i * kw + j``, int8; undilated windows)."""
     ah, aw = _axes(ctx, x, _meta(ctx, 0).shape[-2:], kernel_size, stride, padding, dilation)
     _check_taps(ctx, ah.kernel * aw.kernel, "window taps")
     src = _window_source(ctx, x, _meta(ctx, 0))
@@ -316,7 +323,8 @@ def _max_pool2d_with_indices(ctx: LoweringContext, x: TensorValue, kernel_size: 
                 # a tap off the input is -inf: it never wins, and the index of a window whose
                 # maximum is -inf is fixed below
                 v = _masked(ah.inside(oh, i) + aw.inside(ow, j), v, -_INF)
-                out.append((v, _index(ih * width + iw) if with_index else None))
+                at = i * aw.kernel + j if offsets else ih * width + iw
+                out.append((v, _index(at) if with_index else None))
         return out
 
     def values(idx: list[Expr]) -> ir.Value:
@@ -325,11 +333,15 @@ def _max_pool2d_with_indices(ctx: LoweringContext, x: TensorValue, kernel_size: 
     def indices(idx: list[Expr]) -> ir.Value:
         value, index, _ = _window_max(leaves(idx, True))
         assert index is not None
-        if not edged:  # all taps inside: a window of -inf answers its first tap, as eager
-            return index
-        start = _int_op("add", _int_op("mul", ah.first(idx[lead]), _index(width)), aw.first(idx[lead + 1]))
-        is_low = ir.Op(torch.bool, name="eq", args=(value, ir.Const(acc, value=-_INF)))
-        return ir.Op(torch.int64, name="where", args=(is_low, start, index))
+        if edged:  # a window of -inf answers its first tap inside the input, as eager
+            oh, ow = idx[lead], idx[lead + 1]
+            row, col = ah.first(oh), aw.first(ow)
+            if offsets:
+                row, col = _int_op("sub", row, _index(ah.tap(oh, 0))), _int_op("sub", col, _index(aw.tap(ow, 0)))
+            start = _int_op("add", _int_op("mul", row, _index(aw.kernel if offsets else width)), col)
+            is_low = ir.Op(torch.bool, name="eq", args=(value, ir.Const(acc, value=-_INF)))
+            index = ir.Op(torch.int64, name="where", args=(is_low, start, index))
+        return cast(index, torch.int8) if offsets else index
 
     # Both stored, side by side: the scheduler puts the two nodes (readers of one input) in
     # one kernel, where the index reuses the value tree, and drops the index node where
@@ -337,7 +349,8 @@ def _max_pool2d_with_indices(ctx: LoweringContext, x: TensorValue, kernel_size: 
     # recomputing the window (a ResNet stem's pooling feeds a convolution and a residual add).
     meta = ctx.out_meta
     return (ctx.realize(lazy(x.dtype, x.device, size, values), layout_from_meta(meta[0])),
-            ctx.realize(lazy(torch.int64, x.device, size, indices), layout_from_meta(meta[1])))
+            ctx.realize(lazy(torch.int8 if offsets else torch.int64, x.device, size, indices),
+                        layout_from_meta(meta[1])))
 
 
 @lowering(aten.max_pool2d_with_indices_backward.default)
