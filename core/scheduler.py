@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 import sympy
 
 from . import collectives, config, ir
-from .fusion_pairs import fusion_pairs
+from .fusion_pairs import fusion_pairs, tiny
 from .graph import LoweredGraph
 from .loop_order import memory_order, permute
 from . import templates
@@ -151,9 +151,11 @@ class Scheduler:
         changed = True
         while changed:
             changed = False
-            for a, b in fusion_pairs(self.nodes, self.preds, self.reads, FUSABLE):
+            for a, b, tiny_only in fusion_pairs(self.nodes, self.preds, self.reads, FUSABLE):
                 ga, gb = self.group_of[a], self.group_of[b]
                 if ga == gb or not groups[ga].alive or not groups[gb].alive:
+                    continue
+                if tiny_only and not all(tiny(self.nodes[i]) for i in groups[ga].members + groups[gb].members):
                     continue
                 if self._try_fuse(ga, gb):
                     changed = True
