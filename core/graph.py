@@ -110,6 +110,13 @@ _SELECTING = ("amax", "amin", "max", "min", "sort", "topk", "kthvalue", "median"
 _COMPARING = ("eq", "ne", "lt", "le", "gt", "ge")
 
 
+#: Views that a stored value gives without a copy: through them a user still reads the store.
+_VIEWS = frozenset(getattr(torch.ops.aten, n).default for n in (
+    "view", "_unsafe_view", "reshape", "permute", "t", "alias", "unsqueeze", "expand")) | frozenset(
+    (torch.ops.aten.transpose.int, torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims,
+     torch.ops.aten.squeeze.default))
+
+
 #: Half-precision types whose values every wider float type holds exactly.
 _WIDENS_EXACTLY = {torch.float32: (torch.bfloat16, torch.float16), torch.float64: (torch.bfloat16, torch.float16, torch.float32)}
 
@@ -267,7 +274,7 @@ class GraphLowering:
         if not isinstance(result, Lazy) or body is None:
             return result
         if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
-                                    or _recomputed_inexactly(node, body)):
+                                    or _recomputed_inexactly(node, body) or self._stored_by_a_user(node)):
             return self._store(node, result, body)
         index_size = _index_size(body)
         if index_size > INDEX_SIZE_LIMIT:
@@ -295,6 +302,22 @@ class GraphLowering:
                                   replace(layout, dtype=narrow))
         return Lazy(result.dtype, result.device, result.size,
                     lambda idx: cast(stored.load(idx), result.dtype), origins=result.origins)
+
+    def _stored_by_a_user(self, node: torch.fx.Node) -> bool:
+        """Whether a library call or a fallback reads ``node``'s value from memory, directly or
+        through views. The value is then written once, and every other user reads it, rather
+        than each computing it again: GPT-2's forward wrote each GELU twice, for the next linear
+        and, transposed, as the tensor its backward saves (and each weight's bf16 cast twice).
+        A graph output alone does not count: storing a batch norm's ``rsqrt`` because the graph
+        returns it made GCC 12 drop a Welford sum from the kernel (``tests/repros_open``)."""
+        users = list(node.users)
+        while users:
+            user = users.pop()
+            if user.op == "call_function" and not self._inlines(user):
+                return True
+            if user.target in _VIEWS:
+                users.extend(user.users)
+        return False
 
     def _inlines(self, user: torch.fx.Node) -> bool:
         """Whether ``user`` has a lowering (so it inlines a lazy input rather than needing it
