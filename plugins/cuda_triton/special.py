@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from coil.sdk import Kernel, ScanNode, ScatterNode, loads
+from coil.sdk import IndexValue, Kernel, ScanNode, ScatterNode, Value, loads, walk
 from coil.sdk.ir import ScatterAccumulate
 
 from .codegen import KernelSource, KernelWriter, Scope
@@ -109,7 +109,7 @@ class _ScanWriter(_SpecialWriter):
             with w.block(f"for roffset in range(0, {bound}, RBLOCK):"):
                 w.line("rindex = roffset + rbase")
                 w.line(f"rmask = rindex < {self.rnumel_text}")
-                self.define_all([node.store_index] + [ld.index for ld in _loads(node.body)])
+                self.define_all([node.store_index] + _index_exprs(node.body))
                 v = self.value(node.body, Scope(mask="xmask & rmask"))
                 neutral = "0" if node.combine == "sum" else "1"
                 w.line(f"v = tl.where(xmask & rmask, tl.broadcast_to(({v}).to({acc_t}), [XBLOCK, RBLOCK]), {neutral})")
@@ -139,7 +139,7 @@ class _ScatterBaseWriter(_SpecialWriter):
         with w.indent():
             w.line("xindex = tl.program_id(0).to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK)")
             w.line(f"xmask = xindex < {self.xnumel_text}")
-            self.define_all([node.store_index] + [ld.index for ld in _loads(node.base)])
+            self.define_all([node.store_index] + _index_exprs(node.base))
             v = self.value(node.base, Scope(mask="xmask"))
             ptr = self.pointer(node.name, node.store_index, "[XBLOCK]")
             w.line(f"tl.store({ptr}, tl.broadcast_to({v}, [XBLOCK]).to({STORAGE[node.layout.dtype]}), xmask)")
@@ -173,10 +173,7 @@ class _ScatterWriter(_SpecialWriter):
             else:
                 w.line("xindex = tl.program_id(0).to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK)")
                 w.line(f"xmask = xindex < {self.xnumel_text}")
-            exprs = [node.target_index] + [ld.index for ld in _loads(node.value)]
-            for ind in node.target_indirect:
-                exprs += [ld.index for ld in _loads(ind)]
-            self.define_all(exprs)
+            self.define_all([node.target_index] + _index_exprs(node.value, *node.target_indirect))
             scope = Scope(mask="xmask")
             for ind in node.target_indirect:
                 self.value(ind, scope)
@@ -204,5 +201,11 @@ def _combined(accumulate: ScatterAccumulate, cur: str, val: str, dtype: torch.dt
             "amin": f"min_nan({cur}, {val})" if fp else f"tl.minimum({cur}, {val})"}[accumulate]
 
 
-def _loads(v):  # type: ignore[no-untyped-def]
-    return loads(v)
+def _index_exprs(*values: Value) -> list[sympy.Expr]:
+    """The index expressions of ``values`` whose loop variables the kernel must define: every
+    load's index, and every index value (``arange``'s position, a scatter's computed target:
+    a position embedding's backward reads its token position as a value)."""
+    out: list[sympy.Expr] = []
+    for v in values:
+        out += [ld.index for ld in loads(v)] + [x.expr for x in walk(v) if isinstance(x, IndexValue)]
+    return out
