@@ -256,6 +256,39 @@ def test_triton_both_sides_compute_the_epilogue(templates, choice, tmp_path, mon
     plugins.reset()
 
 
+@pytest.mark.parametrize("templates", [[NaiveTriton()]], indirect=True)
+def test_triton_library_side_computes_the_product_in_the_epilogues_output(templates, tmp_path, monkeypatch):
+    """On the library side, ATen's GEMM writes into the epilogue's output where that buffer
+    can hold the product (same sizes, strides, dtype; no memory shared with another argument),
+    and the epilogue then runs in place: no scratch product beside it. An epilogue that widens
+    to float32 cannot host a float16 product and gets a scratch buffer, as before."""
+    pytest.importorskip("triton")
+    from coil_cuda_triton import template as tmod
+    from coil_cuda_triton.testing import interpreted_backend
+    monkeypatch.setenv("COIL_CACHE_DIR", str(tmp_path))
+    backend = interpreted_backend()
+    backend.tune_in_interpreter = True
+    monkeypatch.setattr(tmod.autotune, "select_interleaved",
+                        lambda candidates, run, bench, warm_ms: (tmod.LIBRARY, {}))
+    hosted: list[bool] = []
+    hosting = tmod.TemplateLauncher._hosting
+    monkeypatch.setattr(tmod.TemplateLauncher, "_hosting",
+                        lambda self, args: hosted.append(hosting(self, args) is not None) or hosting(self, args))
+    coil.register_backend_for_device("cpu", backend, name="triton-library-host")
+    bias = torch.randn(24, dtype=torch.float16)
+
+    def f(a, b, c):
+        return torch.sigmoid(torch.addmm(bias, a, b)) * c, torch.mm(a, b).float().exp()
+    a, b = torch.randn(16, 19, dtype=torch.float16), torch.randn(19, 24, dtype=torch.float16)
+    c = torch.randn(16, 24, dtype=torch.float16)
+    with torch.no_grad():
+        out = torch.compile(f, backend="coil", options={"templates": "auto"})(a, b, c)
+    for o, r in zip(out, f(a, b, c)):
+        torch.testing.assert_close(o, r, atol=2e-2, rtol=2e-2)
+    assert sorted(hosted) == [False, True], hosted
+    plugins.reset()
+
+
 def test_shipped_template_plugin_loads():
     reg = plugins.registry()
     assert not [e for e in reg.errors if "template" in e.plugin]

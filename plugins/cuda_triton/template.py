@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from coil.sdk import Kernel, Load
+from coil.sdk import Kernel, Load, loads
 
 from . import autotune, indexing
 from .codegen import KernelSource, KernelWriter, Scope, node_indices
@@ -174,6 +174,7 @@ class TemplateLauncher:
         layout = call.node.layout
         self._product = (tuple(int(s) for s in layout.size), tuple(int(s) for s in layout.stride),
                          layout.dtype)
+        self._host = _product_host(call, self._index)
         self.choice = ""
 
     def describe(self) -> str:
@@ -235,7 +236,7 @@ class TemplateLauncher:
         b = _view(args[self._index[problem.b.name]], problem.b)
         size, stride, dtype = self._product
         stored = call.output in self._index
-        out = args[self._index[call.output]] if stored else None
+        out = args[self._index[call.output]] if stored else self._hosting(args)
         product = _view_of(out, size, stride) if out is not None else \
             torch.empty_strided(size, stride, dtype=dtype, device=a.device)
         bmm = problem.op == "bmm"
@@ -250,6 +251,44 @@ class TemplateLauncher:
             values = {name: args[i] for name, i in self._index.items() if i < len(args)}
             values[call.output] = product
             self.unfused(stream, *[values[n] if n in values else n for n in self._unfused_args])
+
+
+    def _hosting(self, args: Sequence[Any]) -> torch.Tensor | None:
+        """The epilogue's output buffer, to hold the product it is computed from (the kernel
+        then works in place), where that is safe for this call: the buffer has the product's
+        sizes, strides and dtype and shares no memory with another argument. Otherwise None
+        (a scratch buffer: ViT-tiny's GELU backward held one of 18.5 MiB beside its output at
+        the training step's peak)."""
+        if self._host is None:
+            return None
+        at = self._index[self._host]
+        host = args[at]
+        size, stride, dtype = self._product
+        if tuple(host.shape) != size or tuple(host.stride()) != stride or host.dtype != dtype:
+            return None
+        where = host.untyped_storage().data_ptr()
+        if any(isinstance(a, torch.Tensor) and i != at and a.untyped_storage().data_ptr() == where
+               for i, a in enumerate(args)):
+            return None
+        return host
+
+
+def _product_host(call: Any, index: dict[str, int]) -> str | None:
+    """The epilogue's output that may hold the product on the library side: the unfused
+    epilogue kernel's only output, of the product's dtype, whose every node reads the product
+    only at the point it stores (so each element is read before it is written, by the same
+    program)."""
+    unfused = call.unfused
+    if unfused is None or call.output in index or len(unfused.outputs) != 1:
+        return None
+    host = unfused.outputs[0]
+    if host not in index or unfused.dtypes.get(host) != call.node.layout.dtype:
+        return None
+    for kn in unfused.nodes:
+        if any(ld.buffer == call.output and (ld.indirect or sympy.expand(ld.index - kn.store_index) != 0)
+               for ld in loads(kn.body)):
+            return None
+    return host
 
 
 def _view(t: torch.Tensor, op: Any) -> torch.Tensor:
