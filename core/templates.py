@@ -135,8 +135,8 @@ def _static(sizes: Sequence[Any]) -> bool:
 
 def _broadcast(ref: Any, out: ir.Layout) -> ir.BufferRef | None:
     """``ref`` seen with ``out``'s sizes (broadcast dims get stride 0), or None."""
-    if not isinstance(ref, ir.BufferRef) or not _static(ref.layout.size):
-        return None
+    if not isinstance(ref, ir.BufferRef) or not _static(ref.layout.size) or not _static(out.size):
+        return None  # symbolic sizes: compared as ints below
     size, stride = list(ref.layout.size), list(ref.layout.stride)
     if len(size) > len(out.size):
         return None
