@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import coil
+import coil.report
 from coil import plugins
 from coil.sdk.templates import Template, TemplateConfig
 
@@ -256,6 +257,7 @@ def test_triton_both_sides_compute_the_epilogue(templates, choice, tmp_path, mon
     plugins.reset()
 
 
+@pytest.mark.graph_cache
 @pytest.mark.parametrize("templates", [[NaiveTriton()]], indirect=True)
 def test_triton_library_side_computes_the_product_in_the_epilogues_output(templates, tmp_path, monkeypatch):
     """On the library side, ATen's GEMM writes into the epilogue's output where that buffer
@@ -283,6 +285,15 @@ def test_triton_library_side_computes_the_product_in_the_epilogues_output(templa
     c = torch.randn(16, 24, dtype=torch.float16)
     with torch.no_grad():
         out = torch.compile(f, backend="coil", options={"templates": "auto"})(a, b, c)
+    for o, r in zip(out, f(a, b, c)):
+        torch.testing.assert_close(o, r, atol=2e-2, rtol=2e-2)
+    assert sorted(hosted) == [False, True], hosted
+    # the same graph again, from Coil's graph cache: its modules are imported, not compiled
+    hosted.clear()
+    torch._dynamo.reset()
+    with torch.no_grad(), coil.report.recording() as report:
+        out = torch.compile(f, backend="coil", options={"templates": "auto"})(a, b, c)
+    assert [g.cached for g in report.graphs] == [True]
     for o, r in zip(out, f(a, b, c)):
         torch.testing.assert_close(o, r, atol=2e-2, rtol=2e-2)
     assert sorted(hosted) == [False, True], hosted

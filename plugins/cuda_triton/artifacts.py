@@ -31,7 +31,7 @@ from .codegen import KernelSource
 log = logging.getLogger(__name__)
 
 #: The form of ``TritonBackend.export_module``'s bytes; raise it when they change.
-EXPORT_FORMAT = "cuda_triton-module-3"
+EXPORT_FORMAT = "cuda_triton-module-4"
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,18 @@ class TemplateSpec:
     measure: bool
     layout: tuple[tuple[int, ...], tuple[int, ...], Any]  # the product's size, stride, dtype
     unfused_args: tuple[Any, ...] | None
+    #: The epilogue output that may hold the product on the library side (``template.product_host``).
+    product_host: str | None = None
 
     @classmethod
     def of(cls, k: sdk.Kernel) -> TemplateSpec:
+        from .template import product_host  # template.py imports this module's neighbours
         call = k.template
         layout = call.node.layout
         return cls(tuple(k.args), call.problem, call.output, call.bias, call.alpha, call.beta, call.measure,
                    (tuple(int(s) for s in layout.size), tuple(int(s) for s in layout.stride), layout.dtype),
-                   tuple(call.unfused.args) if call.unfused is not None else None)
+                   tuple(call.unfused.args) if call.unfused is not None else None,
+                   product_host(call, {name: i for i, name in enumerate(k.args)}))
 
     def kernel(self) -> Any:
         """A stand-in for the kernel, with the attributes the launcher reads."""
@@ -63,6 +67,7 @@ class TemplateSpec:
         unfused = SimpleNamespace(args=list(self.unfused_args)) if self.unfused_args is not None else None
         call = SimpleNamespace(problem=self.problem, output=self.output, bias=self.bias, alpha=self.alpha,
                                beta=self.beta, measure=self.measure, unfused=unfused,
+                               product_host=self.product_host,
                                node=SimpleNamespace(layout=SimpleNamespace(size=size, stride=stride, dtype=dtype)))
         return SimpleNamespace(args=list(self.args), template=call)
 

@@ -174,7 +174,7 @@ class TemplateLauncher:
         layout = call.node.layout
         self._product = (tuple(int(s) for s in layout.size), tuple(int(s) for s in layout.stride),
                          layout.dtype)
-        self._host = _product_host(call, self._index)
+        self._host = product_host(call, self._index)
         self.choice = ""
 
     def describe(self) -> str:
@@ -273,11 +273,14 @@ class TemplateLauncher:
         return host
 
 
-def _product_host(call: Any, index: dict[str, int]) -> str | None:
+def product_host(call: Any, index: dict[str, int]) -> str | None:
     """The epilogue's output that may hold the product on the library side: the unfused
     epilogue kernel's only output, of the product's dtype, whose every node reads the product
     only at the point it stores (so each element is read before it is written, by the same
-    program)."""
+    program). A module imported from the graph cache carries the answer
+    (``artifacts.TemplateSpec``), its IR gone."""
+    if hasattr(call, "product_host"):
+        return call.product_host
     unfused = call.unfused
     if unfused is None or call.output in index or len(unfused.outputs) != 1:
         return None
