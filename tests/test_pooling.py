@@ -98,7 +98,7 @@ def _inputs(cases: dict[str, Any], entries: list[tuple[str, torch.dtype]],
 
 def _channels_last_calls(plugin, cases: dict[str, Any], entries: list[tuple[str, torch.dtype]]) -> int:
     """How many of ``entries`` stay ATen calls on ``plugin``: the channels-last ones, where
-    its backend does not lay convolutions out channels-last (the C++ plugin)."""
+    its backend does not lay convolutions out channels-last (neither shipped plugin now)."""
     if plugin.capabilities.conv_channels_last:
         return 0
     return sum(1 for name, _ in entries if cases[name][1])
@@ -320,9 +320,8 @@ def test_what_the_lowering_leaves_to_aten(plugin):
 
 
 def test_channels_last_pooling_stays_aten_where_convolutions_are_not_channels_last(plugin):
-    """A backend that does not lay convolutions out channels-last (the C++ plugin) keeps
-    ATen's channels-last pooling, whose vector code beats unrolled scalar taps; the Triton
-    plugin, which does, generates it."""
+    """A backend that does not lay convolutions out channels-last keeps ATen's channels-last
+    pooling; one that does (both shipped plugins) generates it."""
     x = torch.randn(2, 8, 9, 9).to(memory_format=torch.channels_last)
     fn = lambda x: F.max_pool2d(x.relu(), 3, 2, 1) * 2  # noqa: E731
     report = coil.explain(fn, x)

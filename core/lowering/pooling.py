@@ -135,9 +135,9 @@ def _pair(ctx: LoweringContext, value: Any, what: str, default: tuple[int, int] 
 
 def _check_channels_last(ctx: LoweringContext, x: TensorValue) -> None:
     """Channels-last pooling only where the device's backend lays convolutions out that way
-    (``Capabilities.conv_channels_last``). Elsewhere the taps of a window lie a row of
-    channels apart, which the C++ plugin's scalar code reads slowly: a 3x3/s2 max pool of
-    8x64x56x56 channels-last took 4.5 ms there against ATen's 1.2 (one thread)."""
+    (``Capabilities.conv_channels_last``): there the taps of a window lie a row of channels
+    apart, and a backend must read whole rows of channels to be fast (the C++ plugin's row
+    pointers, ``masked_rows.py``: a 3x3/s2 max pool of 8x64x56x56 in 0.40 ms, one thread)."""
     meta = ctx.out_meta[0] if isinstance(ctx.out_meta, (tuple, list)) else ctx.out_meta
     if (isinstance(meta, torch.Tensor) and meta.dim() == 4 and meta.shape[1] > 1
             and meta.stride(1) == 1 and not meta.is_contiguous()):

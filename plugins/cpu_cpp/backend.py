@@ -76,6 +76,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         # schedule ends each loop's parallel region, a barrier, before the next), and a stash
         # is not kept in an output that overwrites an input read later (stash.py)
         self.capabilities = sdk.Capabilities(vector_width=16, random=True, inplace_reductions=True,
+                                             conv_channels_last=True,
                                              template_dialects=frozenset({"cpp"}),
                                              compiler=os.environ.get("CXX", "g++"))
 

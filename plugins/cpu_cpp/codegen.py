@@ -17,6 +17,8 @@ from .accumulators import accumulator
 from .cpp import for_header, idx, parallel_for
 from .divmod_split import fold_mod_chains, innermost_split
 from .hoist import hoist_row_invariants, reciprocal
+from .masked_rows import MaskedRows
+from .tables import table_scope
 from .tiling import TILE, transpose_tiles
 from .optable import CTYPES, OPS, literal
 
@@ -38,6 +40,9 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         #: A line at the top of each lane of the outer reduction schedule (the split
         #: variable's definition, see :mod:`.reduction_loops`).
         self.lane_prelude = ""
+        #: Masked loads read through row pointers in the pointwise loop nest (see
+        #: :mod:`.masked_rows`); none elsewhere.
+        self.rows: MaskedRows | None = None
 
     # -- entry
 
@@ -114,20 +119,31 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             if tiles is not None:
                 self._tiled_pointwise(nodes, tiles.dim)
                 return
-        points = sympy.Mul(*self.k.x_ranges)
-        self.pragma(parallel_for(points, len(ranges) - 1, simd=len(ranges) == 1))
         if split is None and len(ranges) > 1:
-            # what stays the same along the innermost loop, once per pass of it
-            with self.loops(names[:-1], ranges[:-1]):
-                row: ValueScope[str] = ValueScope()
-                hoist_row_invariants(self, [kn.body for kn in nodes], self.k.x_vars[-1], row)
-                with self.loops(names[-1:], ranges[-1:], "#pragma omp simd"):
-                    self.emit_nodes(nodes, ValueScope(row))
+            self._rows_pointwise(nodes, names, ranges)
             return
+        self.pragma(parallel_for(sympy.Mul(*self.k.x_ranges), len(ranges) - 1, simd=len(ranges) == 1))
         with self.loops(names, ranges, "#pragma omp simd" if len(ranges) > 1 else ""):
             if split is not None:
                 self.w.line(f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};")
             self.emit_nodes(nodes, ValueScope())
+
+    def _rows_pointwise(self, nodes: list[KernelNode], names: list[str], ranges: list[sympy.Expr]) -> None:
+        """The loop nest with what changes along the innermost loop and few others computed
+        once per call (:mod:`.tables`), what stays the same along it once per row (:mod:`.hoist`),
+        and masked loads of whole rows read through row pointers (:mod:`.masked_rows`)."""
+        bodies = [kn.body for kn in nodes]
+        var = self.k.x_vars[-1]
+        self.rows = MaskedRows(self, var, ranges[-1]).plan(bodies)
+        self.rows.declare()
+        tables = table_scope(self, bodies, dict(zip(self.k.x_vars, ranges)))
+        self.pragma(parallel_for(sympy.Mul(*self.k.x_ranges), len(ranges) - 1))
+        with self.loops(names[:-1], ranges[:-1]):
+            row: ValueScope[str] = ValueScope(tables)
+            hoist_row_invariants(self, bodies, var, row)
+            self.rows.bind(row)
+            with self.loops(names[-1:], ranges[-1:], "#pragma omp simd"):
+                self.emit_nodes(nodes, ValueScope(row))
 
     def _tiled_pointwise(self, nodes: list[KernelNode], dim: int) -> None:
         """The loop nest over ``TILE`` x ``TILE`` tiles of kept dim ``dim`` and the innermost
@@ -236,6 +252,9 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         return name
 
     def visit_masked(self, v: Masked, scope: ValueScope[str]) -> str:
+        through_row = self.rows.read(v, scope) if self.rows is not None else None
+        if through_row is not None:
+            return through_row
         mask = self.value(v.mask, scope)  # type: ignore[arg-type]
         name = self._tmp()
         self.w.line(f"{CTYPES[v.dtype]} {name} = {literal(v.other, v.dtype)};")

@@ -8,7 +8,7 @@ hoisted, one would also run where the loop it left has no iteration to run (a di
 zero the kernel never performed)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import sympy
 import torch
@@ -32,6 +32,12 @@ def hoist_row_invariants(kw: KernelWriter, bodies: list[Value], var: sympy.Symbo
     innermost loop variable ``var`` into ``scope``, ahead of that loop; returns how many.
     Math ops, casts and the loads they leave (a per-channel parameter), not constants."""
     return _hoist(kw, bodies, _Invariance(kw, {var}), scope, loads=True)
+
+
+def invariance(kw: KernelWriter, loop_vars: set[sympy.Symbol]) -> Callable[[Value], bool]:
+    """Whether a value is the same at every point of the loops over ``loop_vars`` and may be
+    computed before them (memoised)."""
+    return _Invariance(kw, loop_vars)
 
 
 _INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
