@@ -27,6 +27,7 @@ import torch
 import coil.sdk as sdk
 
 from .codegen import KernelSource
+from .template import product_host
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,6 @@ class TemplateSpec:
 
     @classmethod
     def of(cls, k: sdk.Kernel) -> TemplateSpec:
-        from .template import product_host  # template.py imports this module's neighbours
         call = k.template
         layout = call.node.layout
         return cls(tuple(k.args), call.problem, call.output, call.bias, call.alpha, call.beta, call.measure,
