@@ -94,9 +94,9 @@ def _pooling_args(args: Sequence[Any], kw: dict[str, Any]) -> tuple[Any, ...] | 
     ``max_pool2d_with_indices`` arguments) whose tap numbers fit the offsets, with lists of
     two ints; None otherwise."""
     x, kernel, stride, padding, dilation, ceil_mode = (list(args) + [None] * 6)[:6]
-    stride = kw.get("stride", stride) or kernel
-    padding = kw.get("padding", padding) if kw.get("padding", padding) is not None else 0
-    dilation = kw.get("dilation", dilation) if kw.get("dilation", dilation) is not None else 1
+    stride = kw.get("stride", stride) or kernel  # [] means the kernel's
+    padding = kw.get("padding", padding) or 0
+    dilation = kw.get("dilation", dilation) or 1
     ceil_mode = bool(kw.get("ceil_mode", ceil_mode))
 
     def pair(v: Any) -> list[int] | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import importlib.util
 import os
 import sys
@@ -71,6 +72,20 @@ def cpu_routed_to(plugin: str, name: str) -> Iterator[Any]:
                 yield backend
     finally:
         plugins.reset()
+
+
+def special_values(shape: tuple[int, ...], dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    """Values on a coarse grid (ties in most windows), with NaN, +-inf and signed zeros
+    sprinkled in, and one corner of -inf wide enough to fill a padded window."""
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn(shape, generator=gen) * 2).round() / 2
+    flat = x.view(-1)
+    picks = torch.randperm(flat.numel(), generator=gen)
+    n = max(flat.numel() // 24, 1)
+    for k, value in enumerate((math.nan, -math.inf, math.inf, -0.0, 0.0, math.nan)):
+        flat[picks[k * n:(k + 1) * n]] = value
+    x[..., :3, :3] = -math.inf
+    return x.to(dtype)
 
 
 def load_bench(name: str) -> ModuleType:

@@ -2,15 +2,13 @@
 ops' eager meaning, the joint-graph rewrite, and training through both plugins, against eager."""
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from coil import pool_offsets
 from coil.report import recording
-from helpers import cpu_routed_to, cpu_tensors
+from helpers import cpu_routed_to, cpu_tensors, special_values
 
 aten = torch.ops.aten
 coil_ops = torch.ops.coil
@@ -39,21 +37,8 @@ def plugin(request):
         yield backend
 
 
-def _special(shape, seed: int) -> torch.Tensor:
-    """Ties, NaN, infinities and a corner of -inf that fills a padded window."""
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=gen) * 2).round() / 2
-    flat = x.view(-1)
-    picks = torch.randperm(flat.numel(), generator=gen)
-    n = max(flat.numel() // 24, 1)
-    for k, value in enumerate((math.nan, -math.inf, math.inf, -0.0)):
-        flat[picks[k * n:(k + 1) * n]] = value
-    x[..., :3, :3] = -math.inf
-    return x
-
-
 def _input(case, seed: int) -> torch.Tensor:
-    x = _special(case[0], seed)
+    x = special_values(case[0], seed=seed)
     return x.to(memory_format=torch.channels_last) if case[1] else x
 
 
@@ -125,7 +110,7 @@ def test_indices_the_caller_reads_stay_int64(plugin):
         values, indices = F.max_pool2d(x.relu(), 3, 2, 1, return_indices=True)
         return values * 2, indices
 
-    x = _special((2, 3, 11, 12), 1).requires_grad_()
+    x = special_values((2, 3, 11, 12), seed=1).requires_grad_()
     values, indices = fn(x)
     values.sum().backward()
     want = x.grad.clone()

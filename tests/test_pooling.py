@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import coil
 from coil import ir
 from coil.report import recording
-from helpers import cpu_routed_to, cpu_tensors
+from helpers import cpu_routed_to, cpu_tensors, special_values as _special
 
 NAN, INF = math.nan, math.inf
 
@@ -34,20 +34,6 @@ def plugin(request):
     """The backend serving ``cpu`` for the test: the C++ plugin or interpreted Triton."""
     with cpu_routed_to(request.param, f"pooling-{request.param}") as backend:
         yield backend
-
-
-def _special(shape: tuple[int, ...], dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
-    """Values on a coarse grid (ties in most windows), with NaN, +-inf and signed zeros
-    sprinkled in, and one corner of -inf wide enough to fill a padded window."""
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=gen) * 2).round() / 2
-    flat = x.view(-1)
-    picks = torch.randperm(flat.numel(), generator=gen)
-    n = max(flat.numel() // 24, 1)
-    for k, value in enumerate((NAN, -INF, INF, -0.0, 0.0, NAN)):
-        flat[picks[k * n:(k + 1) * n]] = value
-    x[..., :3, :3] = -INF
-    return x.to(dtype)
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -357,17 +357,25 @@ def max_pool(ctx: LoweringContext, x: TensorValue, kernel_size: Any, stride: Any
 def _max_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, kernel_size: Any,
                          stride: Any, padding: Any, dilation: Any, ceil_mode: bool,
                          indices: TensorValue) -> TensorValue:
+    return max_pool_backward(ctx, grad, x, kernel_size, stride, padding, dilation, indices, offsets=False)
+
+
+def max_pool_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, kernel_size: Any,
+                      stride: Any, padding: Any, dilation: Any, indices: TensorValue,
+                      offsets: bool) -> TensorValue:
     """Each input element's gradient: the sum, over the output windows that may hold it (in
     ascending order, as eager adds them), of the window's gradient where the window's saved
-    index is this element."""
+    index is this element: flat (``h * W + w``), or with ``offsets`` its tap number in the
+    window (``max_pool``'s int8 offsets; only windows that hold the element are visited, so
+    the tap number is one of the window's)."""
     ah, aw = _axes(ctx, x, grad.size[-2:], kernel_size, stride, padding, dilation)
     if ah.can_miss() or aw.can_miss():
         raise LoweringError(ctx.origin, "a dilated window can miss the input, and eager's "
                                         "index for it points outside the window")
     out = _meta(ctx).dtype
     acc = compute_dtype(out)
-    rows = len(ah.covering(sympy.Integer(0), False))
-    cols = len(aw.covering(sympy.Integer(0), False))
+    rows = len(ah.covering(sympy.Integer(0), offsets))
+    cols = len(aw.covering(sympy.Integer(0), offsets))
     _check_taps(ctx, rows * cols, "output windows per input element")
     grad, indices = _window_source(ctx, grad, _meta(ctx)), _window_source(ctx, indices, _meta(ctx))
     lead = x.ndim - 2
@@ -375,12 +383,12 @@ def _max_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue
 
     def fn(idx: list[Expr]) -> ir.Value:
         h, w = idx[lead], idx[lead + 1]
-        target = _index(h * width + w)
         total: ir.Value = ir.Const(acc, value=0.0)
-        for oh, row_conds in ah.covering(h, False):
-            for ow, col_conds in aw.covering(w, False):
+        for oh, row_conds in ah.covering(h, offsets):
+            for ow, col_conds in aw.covering(w, offsets):
                 at = [*idx[:lead], oh, ow]
-                hit = ir.Op(torch.bool, name="eq", args=(cast(indices.load(at), torch.int64), target))
+                target = (h - ah.tap(oh, 0)) * aw.kernel + (w - aw.tap(ow, 0)) if offsets else h * width + w
+                hit = ir.Op(torch.bool, name="eq", args=(cast(indices.load(at), torch.int64), _index(target)))
                 term = ir.Op(acc, name="where", args=(hit, cast(grad.load(at), acc), ir.Const(acc, value=0.0)))
                 total = _add(total, _masked(row_conds + col_conds, term, 0.0))
         return cast(total, out)

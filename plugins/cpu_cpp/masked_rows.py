@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Iterator
 import sympy
 import torch
 
-from coil.sdk import Cast, Const, IndexValue, Load, Masked, Op, Value
+from coil.sdk import Cast, Const, IndexValue, Load, Masked, Op, Value, walk
 from coil.sdk.codegen import ValueScope
 
 from .hoist import invariance, unmasked
@@ -86,7 +86,7 @@ class MaskedRows:
                 return None
             return MaskedRow((body,), (self._fill(body.dtype, literal(v.other, body.dtype)),), True)
         loads = []
-        for x in _tree(v.body):  # type: ignore[arg-type]
+        for x in walk(v.body):  # type: ignore[arg-type]
             if isinstance(x, Load):
                 if not self._contiguous(x):
                     return None
@@ -162,15 +162,6 @@ def top_level_masked(v: Value) -> Iterator[Masked]:
         for child in c.children():
             if isinstance(child, Masked):
                 yield child
-
-
-def _tree(v: Value) -> list[Value]:
-    out, stack = [], [v]
-    while stack:
-        x = stack.pop()
-        out.append(x)
-        stack.extend(c for c in x.children() if c is not None)
-    return out
 
 
 def _survives(value: object, dtype: torch.dtype) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
-from coil.sdk import IndexValue, Load, Masked, Op, Value
+from coil.sdk import IndexValue, Load, Masked, Op, Value, walk
 from coil.sdk.codegen import ValueScope
 
 from .hoist import invariance
@@ -112,10 +112,10 @@ def _pick(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.Expr,
 def _table_dims(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.Expr
                 ) -> tuple[sympy.Symbol, ...] | None:
     """The loop variables ``v`` would be tabled over (in loop order), or None."""
-    if not isinstance(v, Op) and not any(isinstance(c, Op) for c in _tree(v)):
+    if not isinstance(v, Op) and not any(isinstance(c, Op) for c in walk(v)):
         return None
     used: set[sympy.Symbol] = set()
-    for x in _tree(v):
+    for x in walk(v):
         if isinstance(x, Load):
             used |= sympy.sympify(x.index).free_symbols
         elif isinstance(x, IndexValue):
@@ -132,11 +132,3 @@ def _table_dims(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.E
         return None
     return dims
 
-
-def _tree(v: Value) -> list[Value]:
-    out, stack = [], [v]
-    while stack:
-        x = stack.pop()
-        out.append(x)
-        stack.extend(c for c in x.children() if c is not None)
-    return out
