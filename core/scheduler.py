@@ -17,6 +17,7 @@ from .graph import LoweredGraph
 from .loop_order import memory_order, permute
 from . import templates
 from .kernel import Kernel, KernelNode, Loop, TemplateCall
+from .index_compare import simplify_comparison
 from .rerange import merge_leading, mover, simplify_in
 
 log = logging.getLogger(__name__)
@@ -526,7 +527,8 @@ def _r(i: int) -> sympy.Symbol:
 
 
 def _simplify_value(value: ir.Value, ranges: dict) -> ir.Value:
-    return ir.map_indices(value, lambda e: simplify_in(e, ranges))
+    return ir.rewrite(value, index=lambda e: simplify_in(e, ranges),
+                      op=lambda o: simplify_comparison(o, ranges))
 
 
 def _loops(knodes: list[KernelNode]) -> list[Loop]:

@@ -158,10 +158,11 @@ def op_count(value: Value) -> int:
 
 
 def rewrite(value: Value, index: Callable[[Expr], Expr] | None = None,
-            load: Callable[[Load], Value | None] | None = None) -> Value:
-    """A copy of a tree with every index expression passed through ``index`` and every load
-    (after its own indices) through ``load`` (which returns a replacement, or None to keep
-    it). Shared subtrees stay shared."""
+            load: Callable[[Load], Value | None] | None = None,
+            op: Callable[[Op], Value | None] | None = None) -> Value:
+    """A copy of a tree with every index expression passed through ``index``, every load
+    (after its own indices) through ``load`` and every op (after its arguments) through
+    ``op`` (each returns a replacement, or None to keep it). Shared subtrees stay shared."""
     memo: dict[int, Value] = {}
     fix = index or (lambda e: e)
 
@@ -180,6 +181,8 @@ def rewrite(value: Value, index: Callable[[Expr], Expr] | None = None,
             out = dataclasses.replace(v, value=visit(v.value), size=fix(v.size))
         elif isinstance(v, Op):
             out = dataclasses.replace(v, args=tuple(visit(a) for a in v.args))
+            if op is not None:
+                out = op(out) or out  # type: ignore[arg-type]
         elif isinstance(v, Cast):
             out = dataclasses.replace(v, x=visit(v.x))
         elif isinstance(v, Masked):

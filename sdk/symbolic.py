@@ -52,7 +52,7 @@ def loop_vars(prefix: str, n: int) -> list[sympy.Symbol]:
     return [sym(f"{prefix}{i}") for i in range(n)]
 
 
-def _upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr | None:
+def upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) -> sympy.Expr | None:
     """Largest value of a sum of non-negative terms (coefficient * variable), or None."""
     total = sympy.Integer(0)
     for term in sympy.Add.make_args(expr):
@@ -63,6 +63,12 @@ def _upper_bound(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) ->
             total += coeff
         elif rest in ranges:
             total += coeff * (ranges[rest] - 1)
+        elif isinstance(rest, (FloorDiv, ModIdx)) and rest.args[1].is_Integer and rest.args[1] > 0:
+            inner = upper_bound(rest.args[0], ranges)  # None also when a term may be negative
+            if inner is None or not inner.is_Integer:
+                return None
+            divisor = int(rest.args[1])
+            total += coeff * (int(inner) // divisor if isinstance(rest, FloorDiv) else min(int(inner), divisor - 1))
         else:
             return None
     return total
@@ -130,10 +136,10 @@ def simplify_index(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) 
         if isinstance(e, (FloorDiv, ModIdx)):
             a, b = args
             quotient, rest = _split_divisible(a, b)
-            bound = _upper_bound(rest, ranges)
+            bound = upper_bound(rest, ranges)
             if bound is not None and _is_less(bound, b):
                 return quotient if isinstance(e, FloorDiv) else rest
-            bound_all = _upper_bound(a, ranges)
+            bound_all = upper_bound(a, ranges)
             if bound_all is not None and _is_less(bound_all, b):
                 return sympy.Integer(0) if isinstance(e, FloorDiv) else a
             return e.func(a, b)
@@ -143,9 +149,10 @@ def simplify_index(expr: sympy.Expr, ranges: Mapping[sympy.Symbol, sympy.Expr]) 
 
 
 def fold_divmod(expr: sympy.Expr) -> sympy.Expr:
-    """``c*b*FloorDiv(a, b) + c*ModIdx(a, b)`` folded back into ``c*a``, repeatedly: a flat
-    index split into dims by div/mod and recombined through a dense layout is the flat index
-    again."""
+    """``c*b*FloorDiv(a, b) + c*ModIdx(a, b)`` folded back into ``c*a``, and
+    ``c*b*ModIdx(FloorDiv(a, b), n) + c*ModIdx(a, b)`` into ``c*ModIdx(a, b*n)``, repeatedly:
+    a flat index split into dims by div/mod and recombined through a dense layout is the flat
+    index again (or, for the inner dims alone, its remainder)."""
     if not expr.has(ModIdx):
         return expr
     terms = list(sympy.Add.make_args(sympy.expand(expr)))
@@ -166,7 +173,24 @@ def fold_divmod(expr: sympy.Expr) -> sympy.Expr:
                 terms.append(sympy.expand(t / mod * a))
                 changed = True
                 break
+            outer = _outer_remainder(terms, t / mod * b, FloorDiv(a, b))
+            if outer is not None:
+                terms.remove(t)
+                terms.remove(outer[0])
+                terms.append(sympy.expand(t / mod * ModIdx(a, b * outer[1])))
+                changed = True
+                break
     return sympy.Add(*terms)
+
+
+def _outer_remainder(terms: list[sympy.Expr], scale: sympy.Expr, quotient: sympy.Expr
+                     ) -> tuple[sympy.Expr, sympy.Expr] | None:
+    """The term of ``terms`` that is ``scale * ModIdx(quotient, n)``, and ``n``."""
+    for term in terms:
+        mods = [f for f in sympy.Mul.make_args(term) if isinstance(f, ModIdx) and f.args[0] == quotient]
+        if len(mods) == 1 and sympy.expand(term / mods[0] - scale) == 0:
+            return term, mods[0].args[1]
+    return None
 
 
 class ExprPrinter:

@@ -210,6 +210,11 @@ HISTORY: tuple[Release, ...] = (
                "whether the core lays the graph out channels-last; the default answers "
                "Capabilities.conv_channels_last as before"),
     )),
+    Release("1.2.0", (
+        Change("coil.sdk.ir.rewrite(value, index=, load=, op=): ops passed through op after their "
+               "arguments; coil.sdk.symbolic.upper_bound(expr, ranges): the largest value of a sum "
+               "of non-negative terms, FloorDiv and ModIdx of such sums included"),
+    )),
 )
 
 #: The API version this Coil provides.

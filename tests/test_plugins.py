@@ -40,7 +40,9 @@ def test_shipped_cpu_plugin_is_found(fresh_registry):
     reg = plugins.registry()
     assert "cpu" in reg.backends
     info = {p.name: p for p in reg.plugins}["cpu_cpp"]
-    assert info.source == "entry point" and info.api_version == sdk.API_VERSION
+    # it declares the release whose features it uses (docs/plugin-guide.md, Versioning), which
+    # this Coil serves; not necessarily the newest
+    assert info.source == "entry point" and sdk.compatibility(info.api_version)[0], info.api_version
 
 
 def test_broken_plugin_is_isolated_and_reported(fresh_registry, monkeypatch):

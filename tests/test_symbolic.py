@@ -65,3 +65,20 @@ def test_tile_of_an_empty_tensor_compiles():
         x = torch.randn(shape)
         got = torch.compile(lambda t: torch.tile(t, ()) + 1, backend="coil", dynamic=False)(x)
         torch.testing.assert_close(got, torch.tile(x, ()) + 1)
+
+
+def test_inner_dims_recombined_fold_into_one_remainder():
+    """``x % 64 + 64*((x // 64) % 3)`` is ``x % 192`` (ViT's q, k and v heads read back as one
+    row of the qkv gradient)."""
+    from coil.symbolic import fold_divmod
+    assert fold_divmod(ModIdx(x1, 64) + 64 * ModIdx(FloorDiv(x1, 64), 3) + 5 * x0) == ModIdx(x1, 192) + 5 * x0
+    assert fold_divmod(2 * ModIdx(x1, 64) + 128 * ModIdx(FloorDiv(x1, 64), 3)) == 2 * ModIdx(x1, 192)
+    kept = 2 * ModIdx(x1, 64) + 64 * ModIdx(FloorDiv(x1, 64), 3)
+    assert fold_divmod(kept) == kept
+
+
+@given(st.integers(1, 8), st.integers(1, 5), st.integers(0, 200))
+def test_folded_remainders_agree_numerically(b, n, x):
+    from coil.symbolic import fold_divmod
+    e = ModIdx(x1, b) + b * ModIdx(FloorDiv(x1, b), n)
+    assert _evaluate(fold_divmod(e), {x1: x}) == _evaluate(e, {x1: x})
