@@ -150,7 +150,7 @@ class MaskedRows:
         body = self.kw.value(v.body, inner)  # type: ignore[arg-type]
         if planned.bare:
             return body
-        return f"({self.masks[v]} ? {body} : {literal(v.other, v.dtype)})"
+        return f"coil::row_select<{CTYPES[v.dtype]}>({self.masks[v]}, {body}, {literal(v.other, v.dtype)})"
 
 
 def top_level_masked(v: Value) -> Iterator[Masked]:
