@@ -222,9 +222,10 @@ def test_attention_bias_gradient_sums_contiguous_columns():
 
 
 def test_fold_mod_chains_keeps_the_value():
+    """The C++ plugin's loop split folds mod chains with the SDK's ``fold_divmod``."""
     import sympy
     from coil.sdk import FloorDiv, ModIdx
-    from coil_cpu_cpp.divmod_split import fold_mod_chains
+    from coil.sdk.symbolic import fold_divmod as fold_mod_chains
     x = sympy.Symbol("x0", integer=True, nonnegative=True)
     y = sympy.Symbol("r0", integer=True, nonnegative=True)
     cases = [ModIdx(x, 64) + 64 * ModIdx(FloorDiv(x, 64), 3) + 192 * y,

@@ -11,11 +11,12 @@ import sympy
 from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, KernelNode, Load, Masked,
                       Op, ReductionNode, ScanNode, ScatterNode, Value)
 from coil.sdk.codegen import ValueScope, ValueVisitor, is_integer_identity
+from coil.sdk.symbolic import fold_divmod
 
 from . import reduction_loops, special, template
 from .accumulators import accumulator
 from .cpp import for_header, idx, parallel_for
-from .divmod_split import fold_mod_chains, innermost_split
+from .divmod_split import innermost_split
 from .hoist import hoist_row_invariants, reciprocal
 from .masked_rows import MaskedRows
 from .tables import table_scope
@@ -79,7 +80,7 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         """An index expression in C++, in terms of the loop variables of the nest."""
         if not self.index_subs:
             return idx(e)
-        return idx(fold_mod_chains(sympy.sympify(e)).xreplace(self.index_subs))
+        return idx(fold_divmod(sympy.sympify(e)).xreplace(self.index_subs))
 
     def pragma(self, line: str) -> None:
         """A pragma line, if there is one (``cpp.parallel_for`` may give none)."""

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import sympy
 
 from coil.sdk import FloorDiv, IndexValue, Indirect, Kernel, Load, ModIdx, walk
+from coil.sdk.symbolic import fold_divmod
 
 #: A vector of float: a shorter inner loop is not worth the split.
 MIN_INNER = 16
@@ -28,48 +29,14 @@ class Split:
         return {FloorDiv(self.var, self.divisor): self.hi, ModIdx(self.var, self.divisor): self.lo}
 
 
-def fold_mod_chains(expr: sympy.Expr) -> sympy.Expr:
-    """``c*ModIdx(a, b) + c*b*ModIdx(FloorDiv(a, b), d)`` folded into ``c*ModIdx(a, b*d)``,
-    repeatedly (for non-negative ``a``, both say where ``a`` falls within a block of ``b*d``):
-    a slice of a merged dim that the head split of an attention layout reaches as
-    ``x % 64 + 64*((x / 64) % 3)`` is then ``x % 192``, one divisor that a loop can split at."""
-    if not expr.has(ModIdx):
-        return expr
-    terms = list(sympy.Add.make_args(sympy.expand(expr)))
-    changed = True
-    while changed:
-        changed = False
-        for t in terms:
-            coeff, rest = t.as_coeff_Mul()
-            if not isinstance(rest, ModIdx) or not rest.args[1].is_Integer:
-                continue
-            a, b = rest.args
-            partners = [u for u in terms if _is_outer_mod(u, coeff * b, a, b)]
-            if partners:
-                outer = partners[0].as_coeff_Mul()[1]
-                terms.remove(t)
-                terms.remove(partners[0])
-                terms.append(coeff * ModIdx(a, b * outer.args[1]))
-                changed = True
-                break
-    return sympy.Add(*terms)
-
-
-def _is_outer_mod(term: sympy.Expr, coeff: sympy.Expr, a: sympy.Expr, b: sympy.Expr) -> bool:
-    """Whether ``term`` is ``coeff*ModIdx(FloorDiv(a, b), d)`` for an integer ``d``."""
-    c, rest = term.as_coeff_Mul()
-    return (c == coeff and isinstance(rest, ModIdx) and rest.args[1].is_Integer
-            and rest.args[0] == FloorDiv(a, b))
-
-
 def innermost_split(k: Kernel) -> Split | None:
     """The split of ``k``'s innermost kept loop at the one divisor its indices divide it by
-    (after :func:`fold_mod_chains`), if the size is known and a multiple of it, and no other
-    division is left on it."""
+    (after ``fold_divmod``), if the size is known and a multiple of it, and no other division
+    is left on it."""
     if not k.x_ranges or not k.x_ranges[-1].is_number:
         return None
     var, size = k.x_vars[-1], int(k.x_ranges[-1])
-    exprs = [fold_mod_chains(e) for e in _index_exprs(k)]
+    exprs = [fold_divmod(e) for e in _index_exprs(k)]
     divisors = {int(f.args[1]) for e in exprs for f in e.atoms(FloorDiv, ModIdx)
                 if f.args[0] == var and f.args[1].is_Integer}
     if len(divisors) != 1:

@@ -22,10 +22,11 @@ import sympy
 
 from coil.sdk import Kernel, Load, Loop, ReductionNode, loads
 from coil.sdk.codegen import ValueScope
+from coil.sdk.symbolic import fold_divmod
 
 from .accumulators import Accumulator, accumulator
 from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
-from .divmod_split import fold_mod_chains, innermost_split
+from .divmod_split import innermost_split
 from .hoist import hoist_invariants
 from .optable import CTYPES
 from .stash import LoopStashes, plan, scratch_rows
@@ -104,7 +105,7 @@ def _contiguous_along_x(k: Kernel) -> bool:
                 indices.append(kn.store_index)
             for e in indices:
                 if split is not None:
-                    e = fold_mod_chains(e).xreplace(split.substitutions())
+                    e = fold_divmod(e).xreplace(split.substitutions())
                 unit_x, unit_r = sympy.diff(e, x) == 1, sympy.diff(e, r) == 1
                 along_x += unit_x and not unit_r
                 along_r += unit_r
