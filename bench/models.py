@@ -28,7 +28,10 @@ backend in turn on a deep copy of the same randomly initialised model:
   record's ``reserved_mib`` (growth of reserved memory since before the first call) shows it,
   for every backend alike.
 * Coil's JSON record also holds ``coil_stages``: seconds per compile stage summed over the
-  graphs of the first call, with the graph and kernel counts.
+  graphs of the first call, with the graph and kernel counts and the binaries the first
+  call built (``kernel_builds``; on the GPU each is a ``triton.compile``). ``--keep-tuning
+  DIR`` keeps each worker's Triton tuning results (timings of every candidate) and kernel
+  sources.
 * ``cos``: accuracy of the first call against eager's, by cosine similarity (``cos`` is the
   smallest over the outputs; in ``train`` over the loss and every parameter gradient of the
   first step), plus the verdict of ``tests/models/check.py``'s tolerances (float32:
@@ -202,7 +205,9 @@ def _coil_stages(backend: str) -> Any:
         yield dict
         return
     from coil.compile import add_observer, remove_observer
+    from coil.sdk import cachestats
     reports: list[Any] = []
+    before = cachestats.snapshot()
 
     def totals() -> dict[str, float]:
         out: dict[str, float] = {}
@@ -210,6 +215,9 @@ def _coil_stages(backend: str) -> Any:
             for stage, seconds in report.stage_seconds.items():
                 out[stage] = out.get(stage, 0.0) + seconds
         out["graphs"], out["kernels"] = len(reports), sum(len(r.kernels) for r in reports)
+        # binaries built (a miss of Triton's cache) or found, in this process
+        counts = cachestats.snapshot() - before
+        out["kernel_builds"], out["kernel_build_hits"] = counts.get("kernel", "miss"), counts.get("kernel", "hit")
         return out
 
     add_observer(reports.append)
@@ -294,6 +302,12 @@ def spawn(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
         out, _ = proc.communicate()
         failure = f"timed out after {args.timeout} s"
     finally:
+        if args.keep_tuning:  # the autotuner's results and the kernels they are of
+            coil_cache = os.path.join(root, "coil_cache_dir")
+            for part in ("triton-autotune", "triton-source"):
+                if os.path.isdir(os.path.join(coil_cache, part)):
+                    shutil.copytree(os.path.join(coil_cache, part),
+                                    os.path.join(args.keep_tuning, f"{model}-{mode}", part), dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)
     results: dict[str, Any] = {"backends": {}}
     current = None
@@ -355,6 +369,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10, help="timed calls per backend (after 2 warm-up calls)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per (model, mode) worker")
     p.add_argument("--tf32", action="store_true", help="float32 matmuls in TF32 (eager and compiled)")
+    p.add_argument("--keep-tuning", metavar="DIR",
+                   help="copy each worker's Triton tuning results and kernel sources to DIR/<model>-<mode>")
     p.add_argument("--json-out", help="write the results as JSON here")
     p.add_argument("--markdown-out", help="write the table here too")
     p.add_argument("--jobs", type=int, default=1,

@@ -348,10 +348,12 @@ def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callabl
 
 
 def _template_report(backend: Any, module: Any, k: Kernel) -> tuple[str, Callable[[], str] | None]:
-    """A template kernel's description and its run-time choice (``("", None)`` otherwise)."""
+    """A template kernel's description ("" for other kernels) and what the backend chose for
+    the kernel at run time (a template or the library; a launch configuration, tuned or not)."""
     call = k.template
+    choice = getattr(backend, "kernel_choice", None)
     if call is None:
-        return "", None
+        return "", (lambda: choice(module, k)) if choice is not None else None
     node = call.node
     p = call.problem
     sizes = "x".join(str(s) for s in (p.batch, p.m, p.n, p.k))
@@ -361,7 +363,6 @@ def _template_report(backend: Any, module: Any, k: Kernel) -> tuple[str, Callabl
            if call.measure else "forced" if node.force else "the template's heuristic chose it over the library")
     text = (f"{call.template.name} ({call.template.dialect}): {p.op} BxMxNxK {sizes}, {p.a.dtype} -> "
             f"{p.out_dtype}{bias}; epilogue: {epilogue}; {how}")
-    choice = getattr(backend, "kernel_choice", None)
     return text, (lambda: choice(module, k)) if choice is not None else None
 
 

@@ -310,7 +310,7 @@ def _report(entry: dict[str, Any], graph_name: str, kind: str, seconds: dict[str
     for kname, device, source, ops, num_nodes, template in fields["kernels"]:
         backend, module = modules.get(device, (None, None))
         choice = getattr(backend, "kernel_choice", None)
-        chosen = (lambda c=choice, m=module, n=kname: c(m, KernelName(n))) if template and choice else None
+        chosen = (lambda c=choice, m=module, n=kname: c(m, KernelName(n))) if choice else None
         kernels.append(KernelReport(kname, device, source, ops, num_nodes, template, chosen))
     return GraphReport(graph_name, kind, kernels, fields["fallbacks"], fields["peak_bytes"], seconds,
                        fields["decisions"], entry["wrapper"], fields["num_inputs"], fields["symbolic"],

@@ -26,9 +26,9 @@ def format_graph(g: GraphReport) -> str:
         lines.append(f"-- kernel {k.name} [{k.device}] fuses {', '.join(k.ops) or '-'}")
         if k.template:
             lines.append(f"   template: {k.template}")
-            chosen = k.chosen() if k.chosen is not None else ""
-            if chosen:
-                lines.append(f"   chosen: {chosen}")
+        chosen = k.chosen() if k.chosen is not None else ""
+        if chosen:
+            lines.append(f"   chosen: {chosen}")
         lines.extend("   " + line for line in k.source.rstrip().splitlines())
     return "\n".join(lines)
 

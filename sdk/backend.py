@@ -270,8 +270,10 @@ class DeviceBackend(Generic[ModuleT]):
 
     def kernel_choice(self, compiled: ModuleT, kernel: KernelRef) -> str:
         """What the backend chose for ``kernel`` at run time (a template kernel: the template
-        with its configuration, or the library), for ``coil.explain``; "" when nothing was
-        chosen yet or there is no run-time choice (SDK 0.9.0)."""
+        with its configuration, or the library; any kernel: its launch configuration and
+        whether it was tuned), for ``coil.explain``; "" when nothing was chosen yet or there
+        is no run-time choice (SDK 0.9.0; asked of every kernel since 1.3.0, of template
+        kernels only before)."""
         return ""
 
     def prologue(self, module_var: str, device: torch.device) -> list[str]:

@@ -193,6 +193,20 @@ def _kind(kind: Any) -> Any:
     return kinds.get(kind, kind) if isinstance(kind, str) else kind
 
 
+def _literal_choices(kind: Any) -> tuple[str, ...]:
+    """The words of a plugin option typed ``Literal["a", "b"]`` (the annotation, or its text
+    under ``from __future__ import annotations``); () for any other type."""
+    if isinstance(kind, str):
+        match = re.fullmatch(r"(?:typing\.)?Literal\[(.*)\]", kind.strip())
+        if match is None:
+            return ()
+        words = re.findall(r"""(['"])(.*?)\1""", match.group(1))
+        return tuple(w.lower() for _, w in words)
+    if getattr(kind, "__origin__", None) is Literal:
+        return tuple(str(w).lower() for w in get_args(kind))
+    return ()
+
+
 def _as_bool(source: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -257,7 +271,7 @@ def _coerce(name: str, value: Any, kind: Any = None, source: str | None = None) 
     """``value`` (a string from the environment, or any value) as knob ``name``'s type, checked;
     ``kind`` is given for plugin options. ``source`` names the value in errors (the
     environment variable it came from, else the option ``name``)."""
-    meta = _FIELDS[name].metadata if kind is None else {}
+    meta = _FIELDS[name].metadata if kind is None else {"choices": _literal_choices(kind)}
     kind = _kind(_FIELDS[name].type if kind is None else kind)
     source = source or name
     if meta.get("choices"):

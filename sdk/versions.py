@@ -215,6 +215,12 @@ HISTORY: tuple[Release, ...] = (
                "arguments; coil.sdk.symbolic.upper_bound(expr, ranges): the largest value of a sum "
                "of non-negative terms, FloorDiv and ModIdx of such sums included"),
     )),
+    Release("1.3.0", (
+        Change("DeviceBackend.Options fields typed Literal[...] are a closed set of words: a value "
+               "outside it raises ConfigValueError naming the words (case ignored)"),
+        Change("DeviceBackend.kernel_choice is asked of every kernel for coil.explain (a launch "
+               "configuration, tuned or not), not only of template kernels"),
+    )),
 )
 
 #: The API version this Coil provides.

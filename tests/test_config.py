@@ -8,6 +8,7 @@ import logging
 import os
 import re
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -182,6 +183,32 @@ def test_plugin_option_variables_are_checked_too(env):
         Flagged().options
     env("COIL_FLAGGED_VERBOSE", "yes")
     assert Flagged().options.verbose is True
+
+
+def test_plugin_literal_option_takes_only_its_words(env):
+    """An option typed ``Literal[...]`` (here as text, under ``from __future__ import
+    annotations``) takes one of its words, case ignored, and refuses any other (SDK 1.3.0)."""
+    import dataclasses
+
+    from coil_cpu_cpp.backend import CppBackend
+
+    class Worded(CppBackend):
+        name = "worded"
+
+        @dataclasses.dataclass(frozen=True)
+        class Options:
+            tuning: Literal["auto", "all"] = "auto"
+
+    assert Worded().options.tuning == "auto"
+    env("COIL_WORDED_TUNING", "ALL")
+    assert Worded().options.tuning == "all"
+    env("COIL_WORDED_TUNING", "some")
+    with pytest.raises(config.ConfigValueError, match="one of auto, all"):
+        Worded().options
+    # the Triton plugin's own option, through an override (validated where it enters)
+    with pytest.raises(config.ConfigValueError, match="one of auto, all"):
+        with config.override(**{"cuda_triton.tuning": "everything"}):
+            pass
 
 
 def test_scoped_override_restores():

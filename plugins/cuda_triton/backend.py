@@ -10,14 +10,14 @@ import json
 import logging
 import pickle
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import torch
 
 import coil.sdk as sdk
 from coil.sdk.backend import BoxedGraph, KernelRef
 
-from . import artifacts, autotune, compile_pool, dedup, launch, loader
+from . import artifacts, autotune, build_budget, compile_pool, dedup, launch, loader
 from .artifacts import EXPORT_FORMAT, KernelPlan, TemplateSpec
 from .codegen import KernelSource, KernelWriter
 from .graphs import GraphReplay
@@ -75,6 +75,9 @@ class TritonOptions:
     #: Check every data-dependent index against its bounds on the device (``tl.device_assert``,
     #: kernels built in Triton's debug mode): slower, for finding an out-of-range gather.
     bounds_check: bool = False
+    #: Which kernels a graph's first call tunes: "auto", its largest within a build budget
+    #: (the others launch their shape's usual winner; :mod:`.build_budget`), or "all".
+    tuning: Literal["auto", "all"] = "auto"
 
 
 class TritonBackend(sdk.DeviceBackend[CompiledModule]):
@@ -261,6 +264,7 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
         count = compile_pool.BuildCount(len(launchers))  # for the progress line of long compiles
         # what the build index already holds loads here, in a fraction of a millisecond each;
         # only the rest goes to the workers
+        self._apply_budget(launchers)
         builds = {id(la): [cfg for cfg in la.to_build() if not la.load_indexed(cfg)] for la in launchers}
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
@@ -289,6 +293,18 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
         for la in launchers:
             la.precompile()
             count.built(la)
+
+    def _apply_budget(self, launchers: list[Launcher]) -> None:
+        """Leave untuned the kernels the graph's build budget does not reach."""
+        options = self.options
+        mode = options.tuning if options is not None else "auto"
+        tuned = {id(la) for la in build_budget.tuned(launchers, compile_pool.count() + 1, mode)}
+        skipped = [la for la in launchers if len(la.to_build()) > 1 and id(la) not in tuned]
+        for la in skipped:
+            la.skip_tuning()
+        if skipped:
+            log.info("coil: %d of %d kernels launch their shape's usual configuration untuned "
+                     "(build budget; tuning=all tunes every kernel)", len(skipped), len(launchers))
 
     def warm_up(self) -> None:
         """Start the compile workers now, while AOTAutograd traces the first graph, so the
@@ -319,7 +335,13 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
 
     def kernel_choice(self, compiled: CompiledModule, kernel: KernelRef) -> str:
         launcher = compiled.launchers.get(kernel.name)
-        return launcher.describe() if isinstance(launcher, TemplateLauncher) else ""
+        if isinstance(launcher, SplitLauncher):
+            parts = [launcher.partial.describe(), launcher.combine.describe()]
+        elif isinstance(launcher, Chain):
+            parts = [la.describe() for la in launcher.launchers]
+        else:
+            parts = [launcher.describe()] if launcher is not None else []
+        return "; ".join(p for p in parts if p)
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")

@@ -134,6 +134,9 @@ class Launcher:
         self.static = not src.params[self.n_ptrs:]
         self.cache = autotune.TuneCache()
         self.tuned = 0  # configurations benchmarked by this launcher (the conformance kit reads it)
+        #: The configuration a static kernel builds and launches without tuning, when its
+        #: graph's build budget left it out (:mod:`.build_budget`); None: it tunes.
+        self.untuned: Config | None = None
 
     # -- compilation
 
@@ -162,7 +165,7 @@ class Launcher:
 
     def candidates(self, sizes: tuple[int, ...]) -> list[Config]:
         if self.static:
-            return list(self.src.configs)
+            return [self.untuned] if self.untuned is not None else list(self.src.configs)
         shape = self.src.shape
         xn = self._xnumel(sizes)
         return configs.candidates(shape, xn, None, self.src.x_contiguous) if shape != "persistent" \
@@ -174,7 +177,25 @@ class Launcher:
         if self.interpret or not self.static:
             return []
         winner = self.cache.get(self._tune_key(None))
-        return [winner] if winner else list(self.src.configs)
+        return [winner] if winner else self.candidates(())
+
+    def skip_tuning(self) -> None:
+        """Build and launch the first candidate alone (the build budget's choice)."""
+        self.untuned = self.src.configs[0]
+
+    def describe(self) -> str:
+        """The configuration launches use and how it was chosen (``coil.explain``)."""
+        if not self.static:
+            return "; ".join(f"sizes up to {bucket}: {cfg}" for bucket, cfg in self._winners.items())
+        cfg = self._winners.get(None)
+        if cfg is None:
+            return ""
+        if self.interpret and not self.tune_in_interpreter:
+            return f"{cfg} (the interpreter's widest blocks, not tuned)"
+        if self.untuned is not None:
+            return f"{cfg} (its shape's usual winner, not tuned: the graph's build budget)"
+        n = len(self.src.configs)
+        return f"{cfg} (tuned over {n} candidates)" if n > 1 else str(cfg)
 
     def precompile(self) -> None:
         for cfg in self.to_build():
