@@ -4,6 +4,7 @@ wrapper. Records a ``GraphReport`` (kernels, fallbacks, peak, seconds per stage)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import logging
 import re
@@ -231,8 +232,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace,
         capture=capture_note, output_strides=strides)
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
-    if key is not None:
-        graph_cache.store(key, report, wrapper, sched.steps, compiled_modules)
+    if key is not None:  # once the first call has run: builds and tuning finish in it
+        fn = _after_first_call(fn, functools.partial(graph_cache.store, key, report, wrapper, sched.steps,
+                                                     compiled_modules))
     if config.debug_dir:
         _dump(report, config.debug_dir, compiled_modules)
     for obs in list(_observers):
@@ -265,6 +267,24 @@ def _first_call_timed(fn: Callable[[list[Any]], Any], stages: dict[str, float],
             if stage == "capture":  # the first run inside it counts as its own stage
                 spent -= stages.get("first run", 0.0) - before
             stages[stage] = stages.get(stage, 0.0) + spent
+
+    return call
+
+
+def _after_first_call(fn: Callable[[list[Any]], Any], action: Callable[[], None]) -> Callable[[list[Any]], Any]:
+    """``fn``, running ``action`` once, after its first call returns. A backend may finish
+    building and tuning a graph's kernels during its first run (the Triton plugin's builds
+    overlap it), so the graph cache stores the entry then, with every binary in it."""
+    pending = [True]
+
+    def call(args: list[Any]) -> Any:
+        if not pending:
+            return fn(args)
+        out = fn(args)
+        if pending:
+            pending.clear()
+            action()
+        return out
 
     return call
 

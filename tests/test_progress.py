@@ -2,14 +2,13 @@
 with a zero delay, the line appears on the stream, shows the graph, the stage and the kernel
 count a backend reports, and is cleared at the end, after an error too; in ``auto`` mode
 nothing reaches a stream that is not a terminal; a compile shorter than the delay prints
-nothing. The Triton plugin's count (pool jobs and in-process builds) is checked with fake
-workers and launchers, no GPU needed."""
+nothing. The Triton plugin's count is checked here; its pool in
+``tests/test_triton_compile_pool.py``."""
 from __future__ import annotations
 
 import io
 import threading
 import time
-import types
 
 import pytest
 import torch
@@ -208,56 +207,6 @@ def test_the_knob_from_the_environment(monkeypatch):
 # ----------------------------------------------------------------------------- the Triton plugin's count
 
 
-class _Worker:
-    dead = False
-
-    def __init__(self, up: bool = True) -> None:
-        self.jobs: list = []
-        self.ready = threading.Event()
-        if up:
-            self.ready.set()
-
-    def run(self, job) -> dict:
-        self.jobs.append(job)
-        return {"ok": True, "hit": False}
-
-
-def test_the_triton_pool_reports_every_job(monkeypatch):
-    from coil_cuda_triton import compile_pool
-    workers = [_Worker(), _Worker()]
-    monkeypatch.setattr(compile_pool, "_serving", lambda: workers)
-    done: list[int] = []
-    answers = compile_pool.build([[i] for i in range(7)], on_done=done.append)
-    assert sorted(done) == list(range(7)) and sum(len(w.jobs) for w in workers) == 7
-    assert answers == [{"ok": True, "hit": False}] * 7  # each job's answer, in job order
-
-
-def test_the_triton_pool_builds_in_process_while_workers_start(monkeypatch):
-    """With a local builder the caller never waits for a worker: it builds from the same
-    queue, and a worker that comes up meanwhile takes what is left."""
-    from coil_cuda_triton import compile_pool
-    late = _Worker(up=False)
-    monkeypatch.setattr(compile_pool, "_live", lambda: [late])
-    local: list[int] = []
-
-    def build_here(i: int) -> None:
-        local.append(i)
-        if i == 1:
-            late.ready.set()  # the worker comes up while this thread builds
-            time.sleep(0.3)
-
-    done: list[int] = []
-    answers = compile_pool.build([[i] for i in range(6)], on_done=done.append, local=build_here)
-    assert sorted(done) == list(range(6)) and sorted(local + [j[0] for j in late.jobs]) == list(range(6))
-    assert late.jobs, "the worker that came up took jobs"
-    assert all(a == {"ok": True, "local": True} for i, a in enumerate(answers) if i in local)
-    assert all(answers[j[0]] == {"ok": True, "hit": False} for j in late.jobs)
-    never = _Worker(up=False)  # a worker that never comes up does not hold the build
-    monkeypatch.setattr(compile_pool, "_live", lambda: [never])
-    assert compile_pool.build([[0], [1]], local=lambda i: None) == [{"ok": True, "local": True}] * 2
-    assert never.jobs == []
-
-
 def test_the_triton_count_takes_a_launcher_once_its_builds_end():
     from coil_cuda_triton.compile_pool import BuildCount
     seen: list[tuple[int, int]] = []
@@ -274,54 +223,3 @@ def test_the_triton_count_takes_a_launcher_once_its_builds_end():
     count.built(a)  # the in-process build of a pooled launcher is not counted twice
     count.built(c)
     assert seen == [(1, 3), (2, 3), (3, 3)]
-
-
-class _Config:  # a launch configuration: hashable, its fields in __dict__
-    def __init__(self, num_warps: int) -> None:
-        self.num_warps = num_warps
-
-
-def test_triton_precompile_reports_pool_and_in_process_builds(monkeypatch):
-    """``TritonBackend._precompile`` with fake launchers and pool workers: the count reaches
-    every launcher once, whether its binaries were built in the pool or in-process."""
-    pytest.importorskip("triton")
-    from coil_cuda_triton import backend as triton_backend, compile_pool
-
-    class Launcher:
-        debug = False
-
-        def __init__(self, name: str, configs: int, indexed: int = 0) -> None:
-            self.src = types.SimpleNamespace(name=name, params=[], types=[], shape="", buffers=[])
-            self.configs = [_Config(w) for w in range(configs)]
-            self.indexed = set(self.configs[:indexed])  # in Coil's build index: loaded, not built
-            self.built = False
-            self.counted: set = set()
-            self.here: list = []  # configurations built in this process, from the pool's queue
-
-        def binary(self, cfg) -> None:
-            self.here.append(cfg)
-
-        def load_indexed(self, cfg) -> bool:
-            return cfg in self.indexed
-
-        def to_build(self):
-            return self.configs
-
-        def precompile(self) -> None:
-            self.built = True
-
-    monkeypatch.setattr(triton_backend.torch.cuda, "get_device_capability", lambda: (9, 0))
-    monkeypatch.setattr(compile_pool, "start", lambda arch: None)
-    workers = [_Worker(), _Worker()]
-    monkeypatch.setattr(compile_pool, "_serving", lambda: workers)
-    monkeypatch.setattr(compile_pool, "_live", lambda: workers)
-    launchers = [Launcher("k_a", 2), Launcher("k_b", 1), Launcher("k_old", 3), Launcher("k_warm", 2, indexed=2)]
-    seen: list[tuple[int, int]] = []
-    with listening(lambda done, total: seen.append((done, total))):
-        triton_backend.TritonBackend()._precompile(launchers, "/tmp/k.py", {"k_a", "k_b", "k_warm"})
-    # k_old's function is not in this file, k_warm's builds are in the index: 3 jobs, shared
-    # by the workers and this thread
-    assert sum(len(w.jobs) for w in workers) + sum(len(la.here) for la in launchers) == 3
-    assert not launchers[3].here and not any(job[1]["name"] == "k_warm" for w in workers for job in w.jobs)
-    assert all(la.built for la in launchers)
-    assert sorted(seen) == seen and seen[-1] == (4, 4) and len(seen) == 4, seen

@@ -256,43 +256,40 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
         _record_manifest(loader.write(text), sources)
 
     def _precompile(self, launchers: list[Launcher], path: str, in_file: set[str]) -> None:
-        """Build what the first launches need: in the compile workers when they are up
-        (in parallel, into Triton's cache; the functions ``in_file``, which the module at
-        ``path`` defines), then in-process (cache hits by then)."""
+        """Start building what the first launches need: queued for the compile workers when
+        there are any (the functions ``in_file``, which the module at ``path`` defines), and
+        taken by each launcher at its first launch, so the builds overlap the first run
+        (:mod:`.compile_pool`); without workers, built here and now."""
         if self.interpret or not launchers:
             return
         count = compile_pool.BuildCount(len(launchers))  # for the progress line of long compiles
+        self._apply_budget(launchers)
         # what the build index already holds loads here, in a fraction of a millisecond each;
         # only the rest goes to the workers
-        self._apply_budget(launchers)
         builds = {id(la): [cfg for cfg in la.to_build() if not la.load_indexed(cfg)] for la in launchers}
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
-        # never wait for starting workers (on the H200 a 10 s wait for them made ResNet-18's
-        # first call 21 s instead of 8): this thread builds from the same queue, and workers
-        # join as they come up
-        if compile_pool.started() and sum(len(b) for b in builds.values()) > 1:
-            jobs, owners, built = [], [], []
-            for la in launchers:
-                if la.src.name not in in_file:
-                    continue
-                fields = {"name": la.src.name, "params": la.src.params, "types": la.src.types,
-                          "shape": la.src.shape, "buffers": la.src.buffers}
-                for cfg in builds[id(la)]:
-                    jobs.append([path, fields, cfg.__dict__, True, la.debug, major * 10 + minor])
-                    owners.append(la)
-                    built.append(cfg)
-                    count.add_job(la)
-            if jobs:
-                answers = compile_pool.build(jobs, on_done=lambda i: count.job_done(owners[i]),
-                                             local=lambda i: owners[i].binary(built[i]))
-                for la, cfg, answer in zip(owners, built, answers):
-                    if answer.get("ok") and not answer.get("local"):  # the build below hits the cache
-                        launch.count_build(bool(answer.get("hit")))
-                        la.counted.add((cfg, True))
+        payloads, local, done, queued = [], [], [], []
         for la in launchers:
-            la.precompile()
-            count.built(la)
+            if la.src.name not in in_file:
+                continue
+            fields = {"name": la.src.name, "params": la.src.params, "types": la.src.types,
+                      "shape": la.src.shape, "buffers": la.src.buffers}
+            for cfg in builds[id(la)]:
+                payloads.append([path, fields, cfg.__dict__, True, la.debug, major * 10 + minor])
+                local.append(functools.partial(la.build_queued, cfg))
+                done.append(functools.partial(count.job_done, la))
+                queued.append((la, cfg))
+                count.add_job(la)
+        jobs = compile_pool.submit(payloads, local, done) if len(payloads) > 1 else None
+        if jobs is not None:
+            for (la, cfg), job in zip(queued, jobs):
+                la.queue(cfg, job)
+        pooled = {id(owner) for owner, _ in queued} if jobs is not None else set()
+        for la in launchers:
+            if id(la) not in pooled:
+                la.precompile()
+                count.built(la)
 
     def _apply_budget(self, launchers: list[Launcher]) -> None:
         """Leave untuned the kernels the graph's build budget does not reach."""

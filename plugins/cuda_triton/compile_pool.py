@@ -6,18 +6,25 @@ parent's own ``triton.compile`` of the same kernel is then a cache hit. Workers 
 interpreters (``python -m coil_cuda_triton.compile_worker``, reading jobs as JSON lines):
 never forked, since the parent holds a CUDA context, and not ``multiprocessing`` spawns,
 which would re-run the user's main script. They start in the background on the first
-compile; until they are up, and whenever anything goes wrong with them, kernels build
-in-process as before, so the pool can only save time. ``COIL_TRITON_COMPILE_WORKERS=0``
-turns it off.
+compile. ``COIL_TRITON_COMPILE_WORKERS=0`` turns them off.
+
+Builds are queued (:func:`submit`) and the compile returns without waiting for them: the
+graph's first run starts at once, and each launcher takes its binaries when its first launch
+needs them (:func:`wait`). So the builds overlap the first run (cuDNN's first convolutions,
+library calls, launches of kernels already built) and the compile of the next graph (a
+training step's backward). A thread that needs a build nobody started claims it and builds
+it in-process, and one waiting for a worker builds other queued jobs meanwhile: nothing
+waits for a worker still starting, and when the workers fail, kernels build in-process as
+without them, so the pool can only save time.
 
 :class:`BuildCount` counts a graph's kernels as they are built, in the pool or in-process, for
 the progress line of long compiles (:mod:`coil.sdk.progress`)."""
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
-import queue
 import subprocess
 import sys
 import threading
@@ -52,6 +59,7 @@ class _Worker:
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if line.strip() == "ready":
             self.ready.set()
+            _serve(self)  # this thread serves the queue from now on
         else:
             self.dead = True
 
@@ -109,58 +117,111 @@ def started() -> bool:
     return bool(_live())
 
 
-def build(jobs: list[list[Any]], on_done: Callable[[int], None] | None = None,
-          local: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
-    """Build ``[source_path, kernel fields, config fields, aligned, debug, arch]`` jobs into
-    Triton's cache in the workers; returns each job's answer when all are done (failures are
-    left for the in-process build, which reports them). ``on_done(i)`` is called, from a
-    pool thread, as job ``i`` ends, built or not.
+class Job:
+    """One build queued for the workers. A worker runs it, or a thread that needs its binary
+    before a worker took it claims it (:meth:`claim`) and builds it in-process; either way
+    :meth:`finish` ends it. ``local()`` builds it in-process: what a thread waiting for another
+    job runs meanwhile (:func:`wait`)."""
 
-    With ``local`` (``local(i)`` builds job ``i`` in this process), the calling thread builds
-    too, from the same queue, and workers still starting join as they come up: nothing waits
-    for a worker. (A first graph used to build everything in-process because its workers
-    were not up yet, and waiting for them lost more than it gained.) Jobs built locally
-    answer ``{"ok": True, "local": True}``."""
-    answers: list[dict[str, Any]] = [{"ok": False} for _ in jobs]
-    if not jobs or (local is None and not ready()):
-        return answers
-    todo: "queue.Queue[tuple[int, list[Any]]]" = queue.Queue()
-    for i, job in enumerate(jobs):
-        todo.put((i, job))
+    def __init__(self, payload: list[Any], local: Callable[[], None],
+                 on_done: Callable[[], None] | None = None) -> None:
+        self.payload = payload
+        self.local = local
+        self.answer: dict[str, Any] = {"ok": False}
+        self._state = "queued"  # then "running" (a worker has it) or "claimed" (in-process)
+        self._done = threading.Event()
+        self._on_done = on_done
 
-    def drain(worker: _Worker) -> None:
-        while not worker.ready.is_set():  # still importing Triton: join once up, if work is left
-            if worker.dead or todo.empty():
-                return
-            worker.ready.wait(0.05)
-        while not worker.dead:
-            try:
-                i, job = todo.get_nowait()
-            except queue.Empty:
-                return
-            answers[i] = worker.run(job)
-            if on_done is not None:
-                on_done(i)
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
 
-    helpers = _serving() if local is None else _live()
-    threads = [threading.Thread(target=drain, args=(w,), daemon=True) for w in helpers]
-    for t in threads:
-        t.start()
-    while local is not None:
-        try:
-            i, _ = todo.get_nowait()
-        except queue.Empty:
+    def claim(self) -> bool:
+        """Take the job to build it in this thread: False when a worker (or another thread)
+        has it already."""
+        with _lock:
+            if self._state != "queued":
+                return False
+            self._state = "claimed"
+            return True
+
+    def finish(self, answer: dict[str, Any]) -> None:
+        self.answer = answer
+        self._done.set()
+        if self._on_done is not None:
+            self._on_done()
+
+
+_queue: "collections.deque[Job]" = collections.deque()
+_has_work = threading.Condition(_lock)
+
+
+def _next_queued() -> Job | None:
+    """The oldest job nobody took (call holding ``_lock``)."""
+    while _queue:
+        job = _queue.popleft()
+        if job._state == "queued":
+            return job
+    return None
+
+
+def submit(payloads: list[list[Any]], local: list[Callable[[], None]],
+           on_done: list[Callable[[], None]] | None = None) -> list[Job] | None:
+    """Queue ``[source_path, kernel fields, config fields, aligned, debug, arch]`` builds for
+    the workers, in order (a graph's kernels in launch order: the first launches need the
+    first builds). Returns at once with the jobs; None when there is no pool (workers
+    disabled or failed), so the caller builds in-process. ``local[i]`` builds payload ``i``
+    in this process; ``on_done[i]`` is called, from whichever thread ends it, once it ends."""
+    if not started():
+        return None
+    jobs = [Job(p, fn, on_done[i] if on_done else None) for i, (p, fn) in enumerate(zip(payloads, local))]
+    with _has_work:
+        _queue.extend(jobs)
+        _has_work.notify_all()
+    return jobs
+
+
+def wait(job: Job) -> dict[str, Any]:
+    """``job``'s answer once it ends; until then this thread builds other queued jobs
+    in-process (it would only wait otherwise). An in-process build that fails answers
+    ``{"ok": False}``: its launcher builds again when it needs the binary, and reports the
+    error then."""
+    while not job.done:
+        with _lock:
+            other = _next_queued()
+            if other is not None:
+                other._state = "claimed"
+        if other is None:
+            job._done.wait()
             break
+        answer: dict[str, Any] = {"ok": True, "local": True}
         try:
-            local(i)
-            answers[i] = {"ok": True, "local": True}
-        except Exception as exc:  # noqa: BLE001 - reported by the in-process build after
+            other.local()
+        except Exception as exc:  # noqa: BLE001 - reported by its own launcher's build later
             log.debug("coil: in-process build failed: %s", exc)
-        if on_done is not None:
-            on_done(i)
-    for t in threads:
-        t.join()
-    return answers
+            answer = {"ok": False}
+        other.finish(answer)
+    return job.answer
+
+
+def _serve(worker: _Worker) -> None:
+    """A worker's thread, from when it is ready: runs queued jobs until the worker dies."""
+    while True:
+        with _has_work:
+            job = None
+            while not worker.dead and (job := _next_queued()) is None:
+                _has_work.wait()
+            if job is None:
+                return
+            job._state = "running"
+        job.finish(worker.run(job.payload))
+
+
+def retire(worker: _Worker) -> None:
+    """Stop ``worker`` taking jobs (its thread ends once idle)."""
+    with _has_work:
+        worker.dead = True
+        _has_work.notify_all()
 
 
 class BuildCount:

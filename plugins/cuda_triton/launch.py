@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from coil.sdk import ExprPrinter, cachestats
 
-from . import autotune, build_index, configs
+from . import autotune, build_index, compile_pool, configs
 from .codegen import KernelSource
 from .configs import Config
 from .raw_launch import RawLauncher, usable
@@ -124,6 +124,8 @@ class Launcher:
         self._tune_key = tune_key
         self._xnumel = _size_fn(src, "xnumel")
         self._binaries: dict[tuple[Config, bool], Any] = {}
+        #: Aligned builds queued in the compile pool, not yet taken into ``_binaries``.
+        self._jobs: dict[Config, compile_pool.Job] = {}
         #: Builds already counted (a compile worker made them; the build here hits its cache)
         self.counted: set[tuple[Config, bool]] = set()
         self._raw: dict[tuple[Config, bool], Any] = {}
@@ -142,12 +144,41 @@ class Launcher:
 
     def binary(self, cfg: Config, aligned: bool = True) -> Any:
         got = self._binaries.get((cfg, aligned))
-        if got is None:
-            counted = (cfg, aligned) in self.counted
-            got = compile_for(self.fn, self.src, cfg, aligned=aligned, debug=self.debug,
-                              on_cache=None if counted else count_build)
-            self._binaries[(cfg, aligned)] = got
+        if got is not None:
+            return got
+        job = self._jobs.get(cfg) if aligned else None
+        if job is not None:
+            if job.claim():  # no worker took it yet: build it here
+                try:
+                    self.build_queued(cfg)
+                except Exception:
+                    job.finish({"ok": False})
+                    raise
+                job.finish({"ok": True, "local": True})
+            else:
+                answer = compile_pool.wait(job)
+                self._jobs.pop(cfg, None)
+                if answer.get("ok") and not answer.get("local"):  # the build below hits the cache
+                    count_build(bool(answer.get("hit")))
+                    self.counted.add((cfg, True))
+            got = self._binaries.get((cfg, aligned))
+            if got is not None:
+                return got
+        counted = (cfg, aligned) in self.counted
+        got = compile_for(self.fn, self.src, cfg, aligned=aligned, debug=self.debug,
+                          on_cache=None if counted else count_build)
+        self._binaries[(cfg, aligned)] = got
         return got
+
+    def queue(self, cfg: Config, job: compile_pool.Job) -> None:
+        """``cfg``'s aligned build is ``job`` in the compile pool: :meth:`binary` takes it from
+        there (or claims it, if no worker has started it)."""
+        self._jobs[cfg] = job
+
+    def build_queued(self, cfg: Config) -> None:
+        """Build ``cfg`` in this process, its pool job claimed by this thread."""
+        self._jobs.pop(cfg, None)
+        self._binaries[(cfg, True)] = compile_for(self.fn, self.src, cfg, debug=self.debug, on_cache=count_build)
 
     def load_indexed(self, cfg: Config) -> bool:
         """Whether the aligned build of ``cfg`` is loaded, from Coil's build index if this
