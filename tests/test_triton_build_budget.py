@@ -49,7 +49,7 @@ def test_an_untuned_launcher_builds_and_launches_its_first_candidate(tmp_path):
     with coil.config.override(cache_dir=str(tmp_path)):
         la = _launcher("rows", 4096, 2048, shape="persistent")
         first = la.src.configs[0]
-        assert len(la.to_build()) > 1 and first == Config(1, 2048, num_warps=8)
+        assert len(la.to_build()) > 1 and first == Config(1, 2048, num_warps=4)
         la.skip_tuning()
         assert la.to_build() == [first] and la.candidates(()) == [first]
         la.pin(first)
