@@ -37,6 +37,9 @@ def pool(monkeypatch):
     """A pool of fake workers: ``up(worker)`` starts one serving the queue."""
     workers: list[_Worker] = []
     monkeypatch.setattr(compile_pool, "started", lambda: True)
+    real = compile_pool._live()  # a GPU run's own workers (earlier tests) stop serving meanwhile
+    for w in real:
+        compile_pool.retire(w)
     compile_pool._queue.clear()
 
     def up(worker: _Worker) -> _Worker:
@@ -49,6 +52,9 @@ def pool(monkeypatch):
     for w in workers:
         compile_pool.retire(w)
     compile_pool._queue.clear()
+    for w in real:
+        w.dead = False
+        threading.Thread(target=compile_pool._serve, args=(w,), daemon=True).start()
 
 
 def _wait_all(jobs: list[Job], timeout: float = 10.0) -> None:
