@@ -41,6 +41,7 @@ def pool(monkeypatch):
     for w in real:
         compile_pool.retire(w)
     compile_pool._queue.clear()
+    monkeypatch.setattr(compile_pool, "_serving", lambda: [w for w in workers if w.ready.is_set() and not w.dead])
 
     def up(worker: _Worker) -> _Worker:
         workers.append(worker)
@@ -206,3 +207,19 @@ def test_precompile_queues_the_builds_and_returns(pool, monkeypatch):
     _wait_all(jobs)
     assert len(worker.jobs) == 3 and not any(job[1]["name"] in ("k_old", "k_warm") for job in worker.jobs)
     assert sorted(seen) == seen and seen[-1] == (4, 4) and len(seen) == 4, seen
+
+
+def test_a_launcher_with_workers_up_moves_its_build_forward_and_waits(pool, monkeypatch):
+    """While a worker serves, the launching thread builds nothing itself (a compile here
+    would hold the GIL the pool's threads need): the build it needs goes to the front."""
+    built: list = []
+    la = _launcher(monkeypatch, built)
+    cfg = la.src.configs[0]
+    worker = pool(_Worker(delay=0.1))
+    here: list = []
+    jobs = compile_pool.submit([[f"j{i}"] for i in range(5)], [(lambda i=i: here.append(i)) for i in range(5)])
+    la.queue(cfg, jobs[4])
+    la.binary(cfg)
+    assert jobs[4].answer == {"ok": True, "hit": False} and not here
+    assert worker.jobs.index(["j4"]) <= 1, worker.jobs  # ahead of j1..j3
+    _wait_all(jobs)

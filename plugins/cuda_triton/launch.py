@@ -148,7 +148,7 @@ class Launcher:
             return got
         job = self._jobs.get(cfg) if aligned else None
         if job is not None:
-            if job.claim():  # no worker took it yet: build it here
+            if not compile_pool.serving() and job.claim():  # no worker is up: build it here
                 try:
                     self.build_queued(cfg)
                 except Exception:
