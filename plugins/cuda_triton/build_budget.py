@@ -50,7 +50,8 @@ def tuned(launchers: Sequence[Tunable], builders: int, mode: str = "auto") -> li
         return open_
     allowance = EXTRA_ROUNDS * max(1, builders)
     chosen = [la for la in open_ if getattr(la.src, "shape", None) == "template"]
-    for la in sorted((la for la in open_ if la not in chosen), key=work, reverse=True):
+    templates = {id(la) for la in chosen}
+    for la in sorted((la for la in open_ if id(la) not in templates), key=work, reverse=True):
         extra = len(la.to_build()) - 1
         if extra <= allowance:
             chosen.append(la)

@@ -139,6 +139,8 @@ class Launcher:
         #: The configuration a static kernel builds and launches without tuning, when its
         #: graph's build budget left it out (:mod:`.build_budget`); None: it tunes.
         self.untuned: Config | None = None
+        #: The disk cache's winner for static sizes, once looked up (a 1-tuple; None: not yet).
+        self._cached_winner: tuple[Config | None] | None = None
 
     # -- compilation
 
@@ -207,7 +209,9 @@ class Launcher:
         candidate (symbolic sizes: none yet, their candidates depend on the size bucket)."""
         if self.interpret or not self.static:
             return []
-        winner = self.cache.get(self._tune_key(None))
+        if self._cached_winner is None:  # asked once: the lookup may go to a remote cache
+            self._cached_winner = (self.cache.get(self._tune_key(None)),)
+        winner = self._cached_winner[0]
         return [winner] if winner else self.candidates(())
 
     def skip_tuning(self) -> None:
