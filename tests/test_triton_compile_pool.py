@@ -144,7 +144,7 @@ def test_a_launcher_waits_for_its_worker_then_loads_the_binary(pool, monkeypatch
     worker = pool(_Worker(delay=0.2))
     jobs = compile_pool.submit([["job"]], [lambda: la.build_queued(cfg)])
     la.queue(cfg, jobs[0])
-    while not worker.jobs and not jobs[0]._state == "running":
+    while not worker.jobs and jobs[0].queued:
         time.sleep(0.01)
     assert la.binary(cfg) == f"binary {cfg}"
     assert worker.jobs == [["job"]] and (cfg, True) in la.counted  # the load hit what the worker built

@@ -137,14 +137,28 @@ class Job:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def queued(self) -> bool:
+        """Whether nobody has taken the job yet."""
+        return self._state == "queued"
+
+    def take(self, by: str) -> bool:
+        """Take a queued job, for a worker (``by="running"``) or this thread (``"claimed"``);
+        False when it was taken already. Call holding the pool's lock."""
+        if self._state != "queued":
+            return False
+        self._state = by
+        return True
+
     def claim(self) -> bool:
         """Take the job to build it in this thread: False when a worker (or another thread)
         has it already."""
         with _lock:
-            if self._state != "queued":
-                return False
-            self._state = "claimed"
-            return True
+            return self.take("claimed")
+
+    def wait_done(self, timeout: float) -> bool:
+        """Whether the job ended within ``timeout`` seconds."""
+        return self._done.wait(timeout)
 
     def finish(self, answer: dict[str, Any]) -> None:
         self.answer = answer
@@ -161,7 +175,7 @@ def _next_queued() -> Job | None:
     """The oldest job nobody took (call holding ``_lock``)."""
     while _queue:
         job = _queue.popleft()
-        if job._state == "queued":
+        if job.queued:
             return job
     return None
 
@@ -194,16 +208,16 @@ def wait(job: Job) -> dict[str, Any]:
     while not job.done:
         if _serving():
             with _lock:
-                if job._state == "queued":
+                if job.queued:
                     _queue.appendleft(job)  # its older place in the queue is skipped later
-            job._done.wait(0.05)  # again soon: the workers may die
+            job.wait_done(0.05)  # again soon: the workers may die
             continue
         with _lock:
             other = _next_queued()
             if other is not None:
-                other._state = "claimed"
+                other.take("claimed")
         if other is None:
-            job._done.wait(0.05)
+            job.wait_done(0.05)
             continue
         answer: dict[str, Any] = {"ok": True, "local": True}
         try:
@@ -229,7 +243,7 @@ def _serve(worker: _Worker) -> None:
                 _has_work.wait()
             if job is None:
                 return
-            job._state = "running"
+            job.take("running")
         job.finish(worker.run(job.payload))
 
 
