@@ -5,6 +5,10 @@ waiting for a worker builds other queued jobs meanwhile; the graph's count reach
 launcher once."""
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import types
@@ -223,3 +227,36 @@ def test_a_launcher_with_workers_up_moves_its_build_forward_and_waits(pool, monk
     assert jobs[4].answer == {"ok": True, "hit": False} and not here
     assert worker.jobs.index(["j4"]) <= 1, worker.jobs  # ahead of j1..j3
     _wait_all(jobs)
+
+
+# ----------------------------------------------------------------------------- a real worker
+
+
+_KERNEL = '''
+@jit
+def coil_test_double(p_x, p_y, XBLOCK: tl.constexpr):
+    i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(p_y + i, tl.load(p_x + i) * 2.0)
+'''
+
+
+def test_a_worker_builds_for_hopper_without_importing_torch(tmp_path):
+    """What a worker runs for a job: the kernel built for sm_90 into Triton's cache, in a
+    process that never imports torch (importing it was most of a worker's start-up)."""
+    pytest.importorskip("triton")
+    path = tmp_path / "coil_kernels.py"
+    path.write_text(_KERNEL)
+    fields = {"name": "coil_test_double", "params": ["p_x", "p_y"], "types": ["*fp32", "*fp32"],
+              "shape": "pointwise", "buffers": ["p_x", "p_y"]}
+    job = json.dumps([str(path), fields, {"xblock": 128, "num_warps": 4}, True, False, 90])
+    code = ("import json, sys\n"
+            "from coil_cuda_triton import compile_worker\n"
+            f"hit = compile_worker.build(*json.loads({job!r}))\n"
+            "print(json.dumps({'hit': hit, 'torch': 'torch' in sys.modules}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), COIL_CACHE_DIR=str(tmp_path / "coil"))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer == {"hit": False, "torch": False}
+    assert list((tmp_path / "triton").rglob("*.cubin")), "no binary in Triton's cache"

@@ -42,7 +42,7 @@ import coil.sdk as sdk
 
 from . import loader
 from .configs import Config
-from .launch import HOPPER, compile_for
+from .build import HOPPER, compile_for
 from .source import KernelShape
 
 

@@ -3,8 +3,9 @@ kernel into Triton's cache, answers ``{"ok": ...}`` on stdout (everything else i
 prints goes to stderr).
 
 Only ever run as its own process (``python -m coil_cuda_triton.compile_worker``), so it
-imports triton at the top: importing torch, triton and Coil's modules is most of a worker's
-start, done before it reports ready."""
+imports triton at the top, and never torch (:mod:`.build` and :mod:`.loader` need neither
+torch nor the code writer): importing torch was most of a worker's start, and every first
+call waits for its workers (``tests/test_triton_compile_pool.py`` checks the imports)."""
 from __future__ import annotations
 
 import json
@@ -13,13 +14,13 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-import torch  # noqa: F401  (what every job needs, imported before the worker is ready)
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import codegen, launch, loader  # noqa: F401
+from . import loader
+from .build import compile_for
 from .configs import Config
 
 
@@ -30,7 +31,7 @@ def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool,
     src = SimpleNamespace(**fields)
     hits: list[bool] = []
     # the parent's GPU, named: a worker never creates a CUDA context
-    launch.compile_for(getattr(module, src.name), src, Config(**cfg), target=GPUTarget("cuda", arch, 32),
+    compile_for(getattr(module, src.name), src, Config(**cfg), target=GPUTarget("cuda", arch, 32),
                        aligned=aligned, debug=debug, on_cache=hits.append)
     return bool(hits and hits[0])
 
