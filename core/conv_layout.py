@@ -30,6 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 import torch.fx
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from .sdk.backend import ConvolutionInfo
 
@@ -73,13 +74,14 @@ def to_channels_last(gm: torch.fx.GraphModule, prefers: Chooser,
     if fake is None:
         _undo(graph, clones)
         return 0
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    before = {n: n.meta["val"] for n in graph.nodes if "val" in n.meta}
     try:
-        FakeTensorProp(gm, fake).propagate_dont_convert_inputs(*[n.meta["val"] for n in placeholders])
+        _Propagation(gm, fake, set(clones)).propagate_dont_convert_inputs(*[n.meta["val"] for n in placeholders])
     except Exception as exc:  # noqa: BLE001 - an op the fake mode cannot run: keep eager's layouts
         log.debug("channels-last propagation failed (%s); convolutions left as they were", exc)
         _undo(graph, clones)
-        FakeTensorProp(gm, fake).propagate_dont_convert_inputs(*[n.meta["val"] for n in placeholders])
+        for n, val in before.items():
+            n.meta["val"] = val
         return 0
     kept = []
     for clone in clones:  # already channels-last: the clone would only copy
@@ -151,12 +153,34 @@ def adopt_input_layouts(gm: torch.fx.GraphModule, example_inputs: list[object]) 
         raise RuntimeError("the backward graph's inputs are not fake tensors")
     output = _output(gm.graph)
     traced_outputs = {id(a): a.meta.get("val") for a in _flat(output.args[0]) if isinstance(a, torch.fx.Node)}
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    # every node again: the example inputs are other tensors than the traced ones (their
+    # storages too), so no node's traced value can stand
     FakeTensorProp(gm, fake).propagate_dont_convert_inputs(*example_inputs)
     _keep_output_strides(gm.graph, output, traced_outputs, frozenset())
     gm.graph.lint()
     gm.recompile()
     return True
+
+
+class _Propagation(FakeTensorProp):
+    """Fake propagation of the nodes that ``changed`` reach, in graph order: every other
+    ``call_function`` node keeps the value it has, which the same op on the same values
+    would give again (the placeholders keep theirs: the graph's inputs are the same).
+    Most nodes of a conv net do not depend on a convolution (parameter casts, batch norm's
+    per-channel factors: 495 of MobileNetV3's 877); skipping them took this pass from
+    1.4-1.6 s to 0.85 s on MobileNetV3 here."""
+
+    def __init__(self, gm: torch.fx.GraphModule, mode: object, changed: set[torch.fx.Node]) -> None:
+        super().__init__(gm, mode)
+        self.changed = set(changed)
+
+    def run_node(self, n: torch.fx.Node) -> object:
+        if (n.op == "call_function" and "val" in n.meta and n not in self.changed
+                and not any(a in self.changed for a in n.all_input_nodes)):
+            return n.meta["val"]
+        if n.op == "call_function":
+            self.changed.add(n)
+        return super().run_node(n)
 
 
 def _save_channels_last(graph: torch.fx.Graph, output: torch.fx.Node, clones: list[torch.fx.Node],
