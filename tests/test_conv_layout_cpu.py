@@ -266,3 +266,39 @@ class _Declaring(CppBackend):
 def test_the_default_answer_is_the_capability(register, declared):
     register(_Declaring(declared))
     assert _infer(_Depthwise()) == [declared] * 3
+
+
+def test_the_pass_propagates_what_a_full_propagation_gives(cpu_plugin, monkeypatch):
+    """The pass re-propagates only the nodes the new layouts reach; every node's shape,
+    strides, dtype and offset afterwards are what propagating the whole graph gives, in an
+    inference graph and in a training forward graph."""
+    from coil import conv_layout
+
+    class Everything(conv_layout._Propagation):
+        def run_node(self, n: torch.fx.Node) -> object:
+            return conv_layout.FakeTensorProp.run_node(self, n)
+
+    def layouts(net: torch.nn.Module, train: bool) -> list[tuple[Any, ...]]:
+        seen: list[tuple[Any, ...]] = []
+
+        def recording(gm: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> int:
+            done = conv_layout.to_channels_last(gm, *args, **kwargs)
+            for n in gm.graph.nodes:
+                v = n.meta.get("val")
+                seen.append((n.name, tuple(v.shape), v.stride(), v.dtype, v.storage_offset())
+                            if isinstance(v, torch.Tensor) else (n.name, type(v)))
+            return done
+        monkeypatch.setattr(coil_compile, "to_channels_last", recording)
+        with config.override(graph_cache=False, training_channels_last=True):
+            if train:
+                _train(copy.deepcopy(net), steps=1)
+            else:
+                _infer(copy.deepcopy(net))
+        assert seen
+        return seen
+
+    for train in (False, True):
+        incremental = layouts(_Depthwise(), train)
+        monkeypatch.setattr(conv_layout, "_Propagation", Everything)
+        assert layouts(_Depthwise(), train) == incremental
+        monkeypatch.undo()
