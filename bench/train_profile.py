@@ -318,22 +318,16 @@ def profile_memory(built: zoo.Built, args: argparse.Namespace, device: torch.dev
             "precision": args.precision, "base_mib": base / 2**20, "peak_mib": peak / 2**20,
             "allocator_peak_mib": allocator_peak / 2**20, "live_blocks": len(live),
             "trace_entries": len(trace), "trace_full": len(trace) >= MAX_TRACE_ENTRIES,
-            "groups": [dataclasses.asdict(g) for g in groups[:args.top]]}
+            "groups": [dataclasses.asdict(g) for g in groups[:args.top]],
+            "live_sizes": sorted((b["size"] for b in live), reverse=True),
+            "peak_frame": where(trace[_peak(trace)[1]].get("frames", []), _library_dirs())}
 
 
 def replay_peak(trace: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]:
     """The peak of bytes allocated since the trace began (frees of older blocks count against
     it), and the trace's ``alloc`` entries still live at that peak. A block is live from its
     ``alloc`` to its ``free_completed`` (its memory back in the allocator's pool)."""
-    current = peak = 0
-    at = -1  # index of the entry that reached the peak
-    for i, entry in enumerate(trace):
-        if entry["action"] == "alloc":
-            current += entry["size"]
-            if current > peak:
-                peak, at = current, i
-        elif entry["action"] == "free_completed":
-            current -= entry["size"]
+    peak, at = _peak(trace)
     live: dict[int, dict[str, Any]] = {}
     for entry in trace[:at + 1]:
         if entry["action"] == "alloc":
@@ -341,6 +335,20 @@ def replay_peak(trace: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]]]
         elif entry["action"] == "free_completed":
             live.pop(entry["addr"], None)
     return peak, list(live.values())
+
+
+def _peak(trace: list[dict[str, Any]]) -> tuple[int, int]:
+    """``replay_peak``'s peak and the index of the ``alloc`` entry that reached it (-1: none)."""
+    current = peak = 0
+    at = -1
+    for i, entry in enumerate(trace):
+        if entry["action"] == "alloc":
+            current += entry["size"]
+            if current > peak:
+                peak, at = current, i
+        elif entry["action"] == "free_completed":
+            current -= entry["size"]
+    return peak, at
 
 
 def _library_dirs() -> tuple[str, ...]:
