@@ -26,7 +26,9 @@ from .templates import TEMPLATE_OPS, TemplateOffer, offer
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
-#: Ops that go to ATen by design (the GEMM template plugin adds choices for them).
+#: Ops that go to ATen by design (the GEMM template plugin adds choices for them); one with a
+#: lowering (``aten.convolution``: depthwise ones, :mod:`coil.lowering.depthwise`) is lowered
+#: where that lowering accepts it, and is a library call where it declines.
 LIBRARY_OPS = {
     aten.mm.default, aten.bmm.default, aten.addmm.default, aten.baddbmm.default,
     aten.convolution.default, aten.convolution_backward.default,
@@ -225,7 +227,7 @@ class GraphLowering:
         self.ctx.origin = _target_name(node.target)
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
-        fn = None if node.target in LIBRARY_OPS else self.registry.lookup(node.target, device_type)
+        fn = self.registry.lookup(node.target, device_type)  # a library op's may decline
         unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)
         if fn is not None and unsupported is not None:
             return self._fallback(node, args, kwargs, "fallback", f"dtype {unsupported}")
@@ -240,7 +242,10 @@ class GraphLowering:
                 del self.ctx.nodes[mark:]
                 reason = str(exc) or type(exc).__name__
                 log.debug("falling back for %s: %s", self.ctx.origin, reason)
-                result = self._fallback(node, args, kwargs, "fallback", reason)
+                if node.target in LIBRARY_OPS:  # a convolution that is not depthwise, say
+                    result = self._fallback(node, args, kwargs, "library", "by design")
+                else:
+                    result = self._fallback(node, args, kwargs, "fallback", reason)
         else:
             kind = "library" if node.target in LIBRARY_OPS else "fallback"
             reason = "by design" if kind == "library" else "no lowering"

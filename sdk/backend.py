@@ -76,6 +76,11 @@ class Capabilities:
     #: (SDK 1.1.0). Lowerings read it too: channels-last pooling windows are generated only
     #: for a backend that declares it (elsewhere they stay ATen calls).
     conv_channels_last: bool = False
+    #: Whether the core generates 2-D depthwise convolutions (``groups`` equal to the input's
+    #: channels, at most 25 window taps) as kernels for the device, the ops around them fused
+    #: in, instead of calling the library (SDK 1.4.0): for a device whose library pays more
+    #: per call than such a window costs. Default False.
+    depthwise_conv: bool = False
     #: Whether the op table spells the catalogue's counter-based ``rand`` and ``randn``
     #: (Philox4x32-10, :mod:`coil.sdk.ops`); only then does the core generate random ops (rand,
     #: randn, bernoulli, dropout, uniform_, normal_) in kernels for the device, else ATen runs them.

@@ -221,6 +221,11 @@ HISTORY: tuple[Release, ...] = (
         Change("DeviceBackend.kernel_choice is asked of every kernel for coil.explain (a launch "
                "configuration, tuned or not), not only of template kernels"),
     )),
+    Release("1.4.0", (
+        Change("Capabilities.depthwise_conv: the core generates 2-D depthwise convolutions (up "
+               "to 25 window taps) as kernels for the device, fused with the ops around them, "
+               "instead of calling the library (default False)"),
+    )),
 )
 
 #: The API version this Coil provides.

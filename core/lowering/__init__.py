@@ -1,5 +1,6 @@
 """ATen -> IR lowerings. Importing this package fills :data:`registry.GENERIC`."""
-from . import indexing, misc, pointwise, pool_offsets, pooling, random, reductions, views  # noqa: F401  (registration)
+from . import (depthwise, indexing, misc, pointwise, pool_offsets, pooling, random,  # noqa: F401  (registration)
+               reductions, views)
 from .context import FallbackRecord, LoweringContext
 from .registry import GENERIC, LoweringRegistry, lowering
 from .values import Lazy, Realized, TensorValue

@@ -144,7 +144,7 @@ def _check_channels_last(ctx: LoweringContext, x: TensorValue) -> None:
         require_capability(x.device, "conv_channels_last", ctx.origin)
 
 
-def _axes(ctx: LoweringContext, x: TensorValue, out_hw: Sequence[Any], kernel_size: Any,
+def axes(ctx: LoweringContext, x: TensorValue, out_hw: Sequence[Any], kernel_size: Any,
           stride: Any, padding: Any, dilation: Any = 1) -> tuple[Axis, Axis]:
     _check_channels_last(ctx, x)
     if x.ndim not in (3, 4):
@@ -181,7 +181,7 @@ def _meta(ctx: LoweringContext, i: int | None = None) -> torch.Tensor:
 INLINE_OPS = 3
 
 
-def _window_source(ctx: LoweringContext, x: TensorValue, like: torch.Tensor) -> TensorValue:
+def window_source(ctx: LoweringContext, x: TensorValue, like: torch.Tensor) -> TensorValue:
     """What the taps read: a lazy producer inlined into every tap if it is cheap and exact,
     else stored once, in the dim order of ``like`` (the op's result), which is the layout the
     graph stores it in when it keeps it (a training graph saves a pooling's input)."""
@@ -223,7 +223,7 @@ def _all(conds: Sequence[ir.Value]) -> ir.Value:
     return mask
 
 
-def _masked(conds: Sequence[ir.Value], body: ir.Value, other: float) -> ir.Value:
+def masked(conds: Sequence[ir.Value], body: ir.Value, other: float) -> ir.Value:
     return ir.Masked(body.dtype, mask=_all(conds), body=body, other=other) if conds else body
 
 
@@ -239,7 +239,7 @@ def _window_sum(src: TensorValue, idx: list[Expr], ah: Any, aw: Any, acc: torch.
     for ih, row_conds in ah.taps(idx[lead]):
         for iw, col_conds in aw.taps(idx[lead + 1]):
             v = cast(src.load([*idx[:lead], ih, iw]), acc)
-            total = _add(total, _masked(row_conds + col_conds, v, 0.0))
+            total = _add(total, masked(row_conds + col_conds, v, 0.0))
     return total
 
 
@@ -303,9 +303,9 @@ def max_pool(ctx: LoweringContext, x: TensorValue, kernel_size: Any, stride: Any
              dilation: Any, offsets: bool) -> tuple[TensorValue, TensorValue]:
     """Values and the index of each window's maximum: flat (``h * W + w``, int64), or with
     ``offsets`` the tap's number in its window (``i * kw + j``, int8; undilated windows)."""
-    ah, aw = _axes(ctx, x, _meta(ctx, 0).shape[-2:], kernel_size, stride, padding, dilation)
+    ah, aw = axes(ctx, x, _meta(ctx, 0).shape[-2:], kernel_size, stride, padding, dilation)
     _check_taps(ctx, ah.kernel * aw.kernel, "window taps")
-    src = _window_source(ctx, x, _meta(ctx, 0))
+    src = window_source(ctx, x, _meta(ctx, 0))
     acc = compute_dtype(x.dtype)
     lead = x.ndim - 2
     width = x.size[-1]
@@ -322,7 +322,7 @@ def max_pool(ctx: LoweringContext, x: TensorValue, kernel_size: Any, stride: Any
                 v = cast(src.load([*idx[:lead], ih, iw]), acc)
                 # a tap off the input is -inf: it never wins, and the index of a window whose
                 # maximum is -inf is fixed below
-                v = _masked(ah.inside(oh, i) + aw.inside(ow, j), v, -_INF)
+                v = masked(ah.inside(oh, i) + aw.inside(ow, j), v, -_INF)
                 at = i * aw.kernel + j if offsets else ih * width + iw
                 out.append((v, _index(at) if with_index else None))
         return out
@@ -368,7 +368,7 @@ def max_pool_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, k
     index is this element: flat (``h * W + w``), or with ``offsets`` its tap number in the
     window (``max_pool``'s int8 offsets; only windows that hold the element are visited, so
     the tap number is one of the window's)."""
-    ah, aw = _axes(ctx, x, grad.size[-2:], kernel_size, stride, padding, dilation)
+    ah, aw = axes(ctx, x, grad.size[-2:], kernel_size, stride, padding, dilation)
     if ah.can_miss() or aw.can_miss():
         raise LoweringError(ctx.origin, "a dilated window can miss the input, and eager's "
                                         "index for it points outside the window")
@@ -377,7 +377,7 @@ def max_pool_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, k
     rows = len(ah.covering(sympy.Integer(0), offsets))
     cols = len(aw.covering(sympy.Integer(0), offsets))
     _check_taps(ctx, rows * cols, "output windows per input element")
-    grad, indices = _window_source(ctx, grad, _meta(ctx)), _window_source(ctx, indices, _meta(ctx))
+    grad, indices = window_source(ctx, grad, _meta(ctx)), window_source(ctx, indices, _meta(ctx))
     lead = x.ndim - 2
     width = x.size[-1]
 
@@ -390,7 +390,7 @@ def max_pool_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue, k
                 target = (h - ah.tap(oh, 0)) * aw.kernel + (w - aw.tap(ow, 0)) if offsets else h * width + w
                 hit = ir.Op(torch.bool, name="eq", args=(cast(indices.load(at), torch.int64), _index(target)))
                 term = ir.Op(acc, name="where", args=(hit, cast(grad.load(at), acc), ir.Const(acc, value=0.0)))
-                total = _add(total, _masked(row_conds + col_conds, term, 0.0))
+                total = _add(total, masked(row_conds + col_conds, term, 0.0))
         return cast(total, out)
 
     return lazy(out, x.device, x.size, fn)
@@ -427,10 +427,10 @@ def _avg_pool2d(ctx: LoweringContext, x: TensorValue, kernel_size: Any, stride: 
                 padding: Any = 0, ceil_mode: bool = False, count_include_pad: bool = True,
                 divisor_override: Any = None) -> TensorValue:
     """The window's sum (in window order, from 0, as eager adds) over its count."""
-    ah, aw = _axes(ctx, x, _meta(ctx).shape[-2:], kernel_size, stride, padding)
+    ah, aw = axes(ctx, x, _meta(ctx).shape[-2:], kernel_size, stride, padding)
     _avg_args(ctx, divisor_override)
     _check_taps(ctx, ah.kernel * aw.kernel, "window taps")
-    src = _window_source(ctx, x, _meta(ctx))
+    src = window_source(ctx, x, _meta(ctx))
     acc = compute_dtype(x.dtype)
     lead = x.ndim - 2
 
@@ -450,14 +450,14 @@ def _avg_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue
                          divisor_override: Any) -> TensorValue:
     """Each input element's gradient: the sum over the windows holding it, in ascending
     order, of the window's gradient over its count."""
-    ah, aw = _axes(ctx, x, grad.size[-2:], kernel_size, stride, padding)
+    ah, aw = axes(ctx, x, grad.size[-2:], kernel_size, stride, padding)
     _avg_args(ctx, divisor_override)
     out = _meta(ctx).dtype
     acc = compute_dtype(out)
     rows = len(ah.covering(sympy.Integer(0), True))
     cols = len(aw.covering(sympy.Integer(0), True))
     _check_taps(ctx, rows * cols, "output windows per input element")
-    grad = _window_source(ctx, grad, _meta(ctx))
+    grad = window_source(ctx, grad, _meta(ctx))
     lead = x.ndim - 2
 
     def fn(idx: list[Expr]) -> ir.Value:
@@ -469,7 +469,7 @@ def _avg_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValue
                     term = ir.Op(acc, name="truediv", args=(g, const(divisor_override, acc)))
                 else:
                     term = _div(g, _avg_divisor(ah, aw, oh, ow, count_include_pad))
-                total = _add(total, _masked(row_conds + col_conds, term, 0.0))
+                total = _add(total, masked(row_conds + col_conds, term, 0.0))
         return cast(total, out)
 
     return lazy(out, x.device, x.size, fn)
@@ -557,7 +557,7 @@ def _adaptive_avg_pool2d(ctx: LoweringContext, x: TensorValue, output_size: Any)
     ah, aw = _adaptive_axes(ctx, x, meta.shape[-2:])
     _check_taps(ctx, max(ah.extents) * max(aw.extents), "window taps")
     _adaptive_division(ctx, ah, aw, meta)
-    src = _window_source(ctx, x, _meta(ctx))
+    src = window_source(ctx, x, _meta(ctx))
     acc = compute_dtype(x.dtype)
     lead = x.ndim - 2
 
@@ -577,7 +577,7 @@ def _adaptive_avg_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: Te
     _adaptive_division(ctx, ah, aw, meta)
     out = meta.dtype
     acc = compute_dtype(out)
-    grad = _window_source(ctx, grad, _meta(ctx))
+    grad = window_source(ctx, grad, _meta(ctx))
     lead = x.ndim - 2
 
     def fn(idx: list[Expr]) -> ir.Value:
@@ -585,7 +585,7 @@ def _adaptive_avg_pool2d_backward(ctx: LoweringContext, grad: TensorValue, x: Te
         for oh, row_conds in ah.covering(idx[lead]):
             for ow, col_conds in aw.covering(idx[lead + 1]):
                 g = cast(grad.load([*idx[:lead], oh, ow]), acc)
-                total = _add(total, _masked(row_conds + col_conds, _per_count(g, ah, aw, oh, ow), 0.0))
+                total = _add(total, masked(row_conds + col_conds, _per_count(g, ah, aw, oh, ow), 0.0))
         return cast(total, out)
 
     return lazy(out, x.device, x.size, fn)

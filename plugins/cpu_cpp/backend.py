@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
 
-from . import toolchain
+from . import cpp, toolchain
 from .codegen import KernelWriter
 
 
@@ -76,7 +76,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         # schedule ends each loop's parallel region, a barrier, before the next), and a stash
         # is not kept in an output that overwrites an input read later (stash.py)
         self.capabilities = sdk.Capabilities(vector_width=16, random=True, inplace_reductions=True,
-                                             conv_channels_last=True,
+                                             conv_channels_last=True, depthwise_conv=True,
                                              template_dialects=frozenset({"cpp"}),
                                              compiler=os.environ.get("CXX", "g++"))
 
@@ -141,12 +141,14 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         return self._load(str(path), entry["decls"], entry["functions"], entry["sources"], entry["source"])
 
     def target_key(self) -> str:
-        """The compiler and the CPU (kernels are built with ``-march=native``)."""
+        """The compiler, the CPU (kernels are built with ``-march=native``) and whether the
+        kernels are written for one thread (:func:`.cpp.serial`)."""
         try:
             cxx = toolchain.compiler_version(toolchain.compiler())
         except sdk.ToolchainError:
             cxx = "no compiler"
-        return f"{cxx}; cpu {toolchain.cpu_id()}"
+        threads = "one thread" if cpp.serial() else "threads"
+        return f"{cxx}; cpu {toolchain.cpu_id()}; {threads}"
 
     def prefers_channels_last(self, convolutions: Sequence[sdk.ConvolutionInfo], *,
                               training: bool) -> bool:

@@ -17,7 +17,7 @@ from . import reduction_loops, special, template
 from .accumulators import accumulator
 from .cpp import for_header, idx, parallel_for
 from .divmod_split import innermost_split
-from .hoist import hoist_row_invariants, reciprocal
+from .hoist import hoist_row_invariants
 from .masked_rows import MaskedRows
 from .tables import table_scope
 from .tiling import TILE, transpose_tiles
@@ -238,10 +238,6 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         operand_t = CTYPES[v.dtype] if v.name == "where" or not v.args else CTYPES[v.args[0].dtype]
         if is_integer_identity(v):
             return args[0]
-        if v.name == "truediv":
-            inverse = scope.get(reciprocal(v))  # hoisted out of the loop (see .hoist)
-            if inverse is not None:
-                return f"static_cast<float>(static_cast<double>({args[0]}) * {inverse})"
         return OPS[v.name](args, operand_t)
 
     def _indirect(self, v: Indirect, scope: ValueScope[str]) -> str:

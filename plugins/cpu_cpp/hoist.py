@@ -21,8 +21,7 @@ if TYPE_CHECKING:
 
 
 def hoist_invariants(kw: KernelWriter, loop: Loop, scope: ValueScope[str]) -> None:
-    """Emit the invariant parts of ``loop``'s bodies into ``scope``, ahead of the loop, and
-    the reciprocal of every invariant divisor of a float division (see :func:`reciprocal`)."""
+    """Emit the invariant parts of ``loop``'s bodies into ``scope``, ahead of the loop."""
     _hoist(kw, [kn.body for kn in loop.nodes], _Invariance(kw, set(kw.k.r_vars)), scope)
 
 
@@ -52,25 +51,7 @@ def _hoist(kw: KernelWriter, bodies: list[Value], invariant: _Invariance, scope:
             if isinstance(v, kinds) and invariant(v):
                 kw.value(v, scope)
                 hoisted += 1
-            elif _divides_by(v) and invariant(v.args[1]):  # type: ignore[attr-defined]
-                kw.value(reciprocal(v), scope)  # type: ignore[arg-type]
-                hoisted += 1
     return hoisted
-
-
-def reciprocal(v: Op) -> Op:
-    """``1 / d`` in double for a float division ``v`` by ``d``. Where a loop divides by a
-    value it does not change (a softmax by its row's sum), the writer multiplies by this,
-    computed once: a vector divide costs several multiplies (measured ~10% of a float32
-    softmax over 1536x4096). In double, ``1 / d`` neither overflows nor loses bits for any
-    float ``d`` (denormal, huge, zero, inf, NaN), and the product rounded to float equals
-    the float quotient but where that lies within 2^-52 of a rounding tie."""
-    return Op(torch.float64, name="reciprocal", args=(Cast(torch.float64, x=v.args[1]),))
-
-
-def _divides_by(v: Value) -> bool:
-    return (isinstance(v, Op) and v.name == "truediv" and v.dtype == torch.float32
-            and all(a.dtype == torch.float32 for a in v.args))
 
 
 def unmasked(v: Value) -> Iterator[Value]:

@@ -51,13 +51,11 @@ extern "C" void k0_amax_sub_exp_sum_div(int64_t arg0_addr, int64_t buf2_addr) {
     }
     coil::sum_combine<float>(acc_buf1, lane_buf1[0]);
     float v_buf1 = coil::cast<float>(acc_buf1);
-    double t5 = coil::cast<double>(v_buf1);
-    double t6 = (double(1) / t5);
     #pragma omp simd
     for (int64_t r0 = 0; r0 < 256; r0++) {
-      float t7 = buf2[(r0 + 256*x0)];
-      float t8 = static_cast<float>(static_cast<double>(t7) * t6);
-      buf2[(r0 + 256*x0)] = coil::cast<float>(t8);
+      float t5 = buf2[(r0 + 256*x0)];
+      float t6 = (t5 / v_buf1);
+      buf2[(r0 + 256*x0)] = coil::cast<float>(t6);
     }
   }
 }

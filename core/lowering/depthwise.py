@@ -1,0 +1,95 @@
+"""Depthwise 2-D convolutions as pointwise bodies with the window unrolled, as the pooling
+lowerings write their windows: output channel ``c`` of ``aten.convolution`` with
+``groups`` equal to the input's channels reads input channel ``c // multiplier`` only, so each
+output element is a sum of at most :data:`~.pooling.MAX_TAPS` products, and the batch norm
+and activation around the convolution fuse into the same kernel.
+
+A library pays a call per convolution, and its depthwise kernels are slow at the sizes
+mobile nets reach in their late stages: on this project's CPU machine (one thread, float32,
+oneDNN through ATen), a 2x288x2x2 depthwise 5x5 convolution took 45 us per call and a
+2x144x4x4 one 35 us, for 58 and 115 thousand multiply-adds.
+
+Only for devices that declare ``Capabilities.depthwise_conv`` (SDK 1.4.0); elsewhere, and for
+transposed, grouped-but-not-depthwise, non-4-D, integer or symbolic-window convolutions, the
+op stays a library call (``LoweringError``). The sum runs in tap order from 0 in float32 for
+half types (float64 for float64) and rounds once to the output's dtype; a bias, where the
+graph still has one, is added after the sum. The library sums in its own order, so results
+agree with eager's within rounding, not bit for bit."""
+from __future__ import annotations
+
+from typing import Any
+
+import sympy
+import torch
+
+from .. import ir
+from ..errors import LoweringError
+from ..ir import Expr
+from ..symbolic import FloorDiv
+from .context import LoweringContext, require_capability
+from .pointwise import compute_dtype
+from .pooling import FLOAT_DTYPES, MAX_TAPS, Axis, axes, masked, window_source
+from .registry import lowering
+from .values import TensorValue, cast, lazy
+
+aten = torch.ops.aten
+
+
+@lowering(aten.convolution.default)
+def _convolution(ctx: LoweringContext, x: TensorValue, weight: TensorValue, bias: TensorValue | None,
+                 stride: Any, padding: Any, dilation: Any, transposed: bool, output_padding: Any,
+                 groups: Any) -> TensorValue:
+    """A depthwise convolution's windows; any other convolution raises ``LoweringError``."""
+    meta = ctx.out_meta
+    if not isinstance(meta, torch.Tensor):
+        raise LoweringError(ctx.origin, "no tensor result")
+    _check_depthwise(ctx, x, weight, transposed, groups, meta)
+    require_capability(x.device, "depthwise_conv", ctx.origin)
+    kh, kw = int(weight.size[2]), int(weight.size[3])
+    ah, aw = axes(ctx, x, meta.shape[-2:], (kh, kw), stride, padding, dilation)
+    src = window_source(ctx, x, meta)
+    acc = compute_dtype(meta.dtype)
+    multiplier = int(weight.size[0]) // int(x.size[1])
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        n, c, oh, ow = idx
+        cin = c if multiplier == 1 else FloorDiv(c, multiplier)
+        return cast(_window(src, weight, n, c, cin, oh, ow, ah, aw, acc, bias), meta.dtype)
+
+    return lazy(meta.dtype, x.device, (x.size[0], weight.size[0], ah.out, aw.out), fn)
+
+
+def _check_depthwise(ctx: LoweringContext, x: TensorValue, weight: TensorValue, transposed: bool,
+                     groups: Any, meta: torch.Tensor) -> None:
+    if transposed:
+        raise LoweringError(ctx.origin, "a transposed convolution (only depthwise ones are lowered)")
+    if x.ndim != 4 or weight.ndim != 4:
+        raise LoweringError(ctx.origin, f"a {x.ndim}-D convolution (only 2-D depthwise ones are lowered)")
+    sizes = (x.size[1], *weight.size)
+    if not all(sympy.sympify(s).is_number for s in sizes) or type(groups) is not int:
+        raise LoweringError(ctx.origin, "symbolic channels or window")
+    channels, out_channels, per_group, kh, kw = (int(s) for s in sizes)
+    if groups == 1 or groups != channels or per_group != 1 or out_channels % channels:
+        raise LoweringError(ctx.origin, f"groups={groups} over {channels} channels (only depthwise "
+                                        "convolutions are lowered)")
+    if kh * kw > MAX_TAPS:
+        raise LoweringError(ctx.origin, f"{kh * kw} window taps (at most {MAX_TAPS} are unrolled)")
+    if x.dtype not in FLOAT_DTYPES or weight.dtype != x.dtype or meta.dtype != x.dtype:
+        raise LoweringError(ctx.origin, f"dtypes {x.dtype}, {weight.dtype} -> {meta.dtype}")
+
+
+def _window(src: TensorValue, weight: TensorValue, n: Expr, c: Expr, cin: Expr, oh: Expr, ow: Expr,
+            ah: Axis, aw: Axis, acc: torch.dtype, bias: TensorValue | None) -> ir.Value:
+    """The sum over window (oh, ow) of input channel ``cin`` times output channel ``c``'s
+    weights, taps in order; padding taps are left out (they add zero)."""
+    total: ir.Value = ir.Const(acc, value=0.0)
+    zero = sympy.Integer(0)
+    for i, (ih, row_conds) in enumerate(ah.taps(oh)):
+        for j, (iw, col_conds) in enumerate(aw.taps(ow)):
+            product = ir.Op(acc, name="mul", args=(cast(src.load([n, cin, ih, iw]), acc),
+                                                   cast(weight.load([c, zero, sympy.Integer(i),
+                                                                     sympy.Integer(j)]), acc)))
+            total = ir.Op(acc, name="add", args=(total, masked(row_conds + col_conds, product, 0.0)))
+    if bias is not None:
+        total = ir.Op(acc, name="add", args=(total, cast(bias.load([c]), acc)))
+    return total

@@ -1,0 +1,111 @@
+"""Depthwise 2-D convolutions generated as kernels (:mod:`coil.lowering.depthwise`, for a
+backend that declares ``Capabilities.depthwise_conv``: the C++ plugin), against eager: window
+shapes, strides, padding, dilation, channel multipliers, NCHW and channels-last inputs, float32,
+float64 and bfloat16, a bias the graph keeps, the batch norm and activation fused after, and
+gradients through a training step. Each case also checks that the convolution did not reach
+ATen, so a lowering that declined (and left the library to give the right answer) fails."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import coil
+from coil import config
+
+CASES = [  # channels, kernel, stride, padding, dilation, multiplier, batch, size
+    (16, 3, 1, 1, 1, 1, 2, 17),
+    (24, 5, 2, 2, 1, 1, 2, 9),
+    (8, 3, 2, 1, 2, 2, 1, 12),
+    (32, 3, 1, 0, 1, 1, 2, 4),
+    (6, (3, 1), 1, (1, 0), 1, 1, 2, 7),
+    (5, (1, 5), (1, 2), (0, 2), 1, 3, 3, 6),
+]
+
+
+def _block(c: int, k, s, p, d, mult: int, bias: bool) -> torch.nn.Module:
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(c * mult)
+    with torch.no_grad():  # running statistics that are not the identity
+        bn.running_mean.uniform_(-0.5, 0.5)
+        bn.running_var.uniform_(0.5, 2.0)
+    return torch.nn.Sequential(torch.nn.Conv2d(c, c * mult, k, s, p, d, groups=c, bias=bias), bn,
+                               torch.nn.Hardswish())
+
+
+def _library_convolutions(fn, *args) -> int:
+    """ATen convolutions a compiled call runs (from the profiler)."""
+    with torch.profiler.profile() as prof:
+        fn(*args)
+    return sum(e.name == "aten::convolution" for e in prof.events())
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_inference_matches_eager(case, layout):
+    c, k, s, p, d, mult, n, hw = case
+    net = _block(c, k, s, p, d, mult, bias=True).eval()
+    x = torch.randn(n, c, hw, hw)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    with config.override(graph_cache=False), torch.no_grad():
+        fn = torch.compile(net, backend="coil")
+        out = fn(x)
+        expected = net(x)
+        assert _library_convolutions(fn, x) == 0
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert out.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_other_dtypes_match_eager(dtype):
+    net = _block(12, 3, 2, 1, 1, 1, bias=False).eval().to(dtype)
+    x = torch.randn(2, 12, 10, 10, dtype=dtype)
+    torch._dynamo.reset()
+    with config.override(graph_cache=False), torch.no_grad():
+        fn = torch.compile(net, backend="coil")
+        out = fn(x)
+        expected = net(x)
+        assert _library_convolutions(fn, x) == 0
+    tol = {torch.float64: 1e-12, torch.bfloat16: 2e-2}[dtype]
+    torch.testing.assert_close(out, expected, rtol=tol, atol=tol)
+
+
+def test_a_training_step_matches_eager():
+    """Forward generated, backward ATen's convolution_backward: loss, every gradient and the
+    batch norm's running statistics as eager's."""
+    net = _block(8, 3, 1, 1, 1, 2, bias=True).train()
+    ref = _block(8, 3, 1, 1, 1, 2, bias=True).train()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(4, 8, 9, 9)
+    torch._dynamo.reset()
+    with config.override(graph_cache=False):
+        fn = torch.compile(net, backend="coil")
+        loss = fn(x).square().mean()
+        loss.backward()
+    expected = ref(x).square().mean()
+    expected.backward()
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for (name, a), b in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    for (name, a), b in zip(net.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_other_convolutions_stay_library_calls():
+    """Dense, grouped (not depthwise), transposed and 7x7 depthwise convolutions run ATen's
+    convolution, reported as library calls, not fallbacks."""
+    torch.manual_seed(0)
+    convs = [torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Conv2d(8, 8, 3, padding=1, groups=2),
+             torch.nn.ConvTranspose2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 8, 7, padding=3, groups=8)]
+    x = torch.randn(2, 8, 9, 9)
+    for conv in convs:
+        torch._dynamo.reset()
+        with config.override(graph_cache=False), torch.no_grad():
+            report = coil.explain(conv, x)
+            fn = torch.compile(conv, backend="coil")
+            torch.testing.assert_close(fn(x), conv(x), rtol=1e-5, atol=1e-5)
+        graph = report.graphs[0]
+        kinds = {(f.op, f.kind) for f in graph.fallbacks}
+        assert any(op.startswith("aten.convolution") and kind == "library" for op, kind in kinds), kinds
+        assert not any(kind == "fallback" for _, kind in kinds), kinds
