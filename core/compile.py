@@ -175,7 +175,9 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     stages["lower"] = t1 - t0
     line.stage("schedule")
     policies = {dev: b.scheduling for dev, b in reg.backends.items()}
-    sched = schedule(lowered, policies)
+    # a backward's inputs (saved activations, gradients) die with their last reader
+    freed = frozenset(i.name for i in lowered.inputs if i.name) if kind == "backward" else frozenset()
+    sched = schedule(lowered, policies, freed_inputs=freed)
     kernels = [s for s in sched.steps if isinstance(s, Kernel)]
     for k in kernels:  # a library call a template computes is no library call in the report
         record = k.template.node.record if k.template is not None else None

@@ -101,8 +101,10 @@ def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
 
 class Scheduler:
     def __init__(self, graph: LoweredGraph, policies: dict[str, FusionPolicy],
-                 max_fusion_size: int | None = None) -> None:
+                 max_fusion_size: int | None = None, freed_inputs: frozenset[str] = frozenset()) -> None:
         self.graph = graph
+        #: Graph inputs whose memory the wrapper's ``del`` returns (a backward's saved values).
+        self.freed_inputs = freed_inputs
         self.policies = policies
         #: The ``max_fusion_size`` knob; each device's own limit applies too (the smaller wins).
         self.max_fusion_size = (config.current().max_fusion_size if max_fusion_size is None
@@ -371,8 +373,7 @@ class Scheduler:
         ready = {g for g in alive if indeg[g] == 0}
         order: list[int] = []
         while ready:
-            g = min(ready, key=lambda c: (rank[c], 0 if memory.net_freed(c) > 0 else 1,
-                                          min(self.groups[c].members)))
+            g = min(ready, key=lambda c: (rank[c], *memory.priority(c), min(self.groups[c].members)))
             ready.discard(g)
             order.append(g)
             memory.scheduled(g)
@@ -452,13 +453,14 @@ class Scheduler:
 
 class _MemoryView:
     """Bytes of the buffers a group would free (it is their last unscheduled reader) and
-    allocate, for :meth:`Scheduler._topo_order`. Only buffers that nodes write and that are
-    not graph outputs can be freed; symbolic sizes count as 0."""
+    allocate, for :meth:`Scheduler._topo_order`. Only buffers that nodes write, or inputs the
+    wrapper frees (``Scheduler.freed_inputs``), and that are not graph outputs can be freed;
+    symbolic sizes count as 0."""
 
     def __init__(self, sched: "Scheduler", alive: list[int]) -> None:
         self.sched = sched
         outputs = {sched._storage(o.name) for o in sched.graph.outputs if o.name}
-        written = {sched._storage(o) for n in sched.nodes for o in n.outputs()}
+        written = {sched._storage(o) for n in sched.nodes for o in n.outputs()} | sched.freed_inputs
         self.reads: dict[int, set[str]] = {}
         self.writes: dict[int, set[str]] = {}
         self.readers: dict[str, set[int]] = {}
@@ -478,11 +480,14 @@ class _MemoryView:
             got = self._sizes[name] = int(n) * buf.layout.dtype.itemsize if buf and n.is_number else 0
         return got
 
-    def net_freed(self, g: int) -> int:
+    def priority(self, g: int) -> tuple[int, int]:
+        """Groups that free more than they allocate first, the smallest allocation among them
+        first (memory peaks while a group's outputs and inputs are both alive: a backward's
+        weight gradient that frees a saved activation before the input gradient's matmul
+        allocates the next one); every other group after them, in graph order."""
         freed = sum(self._bytes(b) for b in self.reads[g] if self.readers.get(b) == {g})
-        if not freed:
-            return 0
-        return freed - sum(self._bytes(b) for b in self.writes[g] - self.reads[g])
+        allocated = sum(self._bytes(b) for b in self.writes[g] - self.reads[g])
+        return (0, allocated) if freed > allocated else (1, 0)
 
     def scheduled(self, g: int) -> None:
         for name in self.reads[g]:
@@ -572,10 +577,12 @@ def _resolve_storage(kn: KernelNode, storage: object) -> KernelNode:
 
 
 def schedule(graph: LoweredGraph, policies: dict[str, FusionPolicy],
-             max_fusion_size: int | None = None) -> Schedule:
+             max_fusion_size: int | None = None, freed_inputs: frozenset[str] = frozenset()) -> Schedule:
     """Schedule ``graph``; ``max_fusion_size`` defaults to the knob of the compile in progress
-    (:func:`coil.config.current`), and each device's ``Scheduling`` may lower it."""
-    return Scheduler(graph, policies, max_fusion_size).run()
+    (:func:`coil.config.current`), and each device's ``Scheduling`` may lower it.
+    ``freed_inputs``: inputs whose memory dies with their last reader (a backward graph's
+    saved activations), which the order counts as freed there."""
+    return Scheduler(graph, policies, max_fusion_size, freed_inputs).run()
 
 
 __all__ = ["schedule", "Schedule", "FusionDecision", "FusionPolicy"]
