@@ -109,3 +109,30 @@ def test_other_convolutions_stay_library_calls():
         kinds = {(f.op, f.kind) for f in graph.fallbacks}
         assert any(op.startswith("aten.convolution") and kind == "library" for op, kind in kinds), kinds
         assert not any(kind == "fallback" for _, kind in kinds), kinds
+
+
+def test_the_window_reads_rows_and_tabled_weights_apart_from_a_reduction():
+    """The C++ kernel of a channels-last depthwise 3x3 reads each tap through a row pointer
+    (the padding's mask decided once per row), the weights from per-tap tables (not gathered
+    9 apart along the channels), and stays out of the squeeze-and-excitation mean's kernel."""
+    class SE(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.block = _block(32, 3, 1, 1, 1, 1, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.block(x)
+            return y * torch.sigmoid(y.mean((2, 3), keepdim=True))
+
+    net = SE().eval()
+    x = torch.randn(2, 32, 12, 12).contiguous(memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    with config.override(graph_cache=False), torch.no_grad():
+        report = coil.explain(net, x)
+        torch.testing.assert_close(torch.compile(net, backend="coil")(x), net(x), rtol=1e-5, atol=1e-5)
+    kernels = report.graphs[0].kernels
+    window = [k for k in kernels if "aten.convolution.default" in k.ops]
+    assert len(window) == 1, [k.name for k in kernels]
+    source = window[0].source
+    assert "fill0" in source and "tab" in source, source
+    assert "aten.mean.dim" not in window[0].ops, window[0].ops

@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
+from coil.sdk.ir import Node
 
 from . import cpp, toolchain
 from .codegen import KernelWriter
@@ -58,6 +59,25 @@ TRAINING_CHANNELS_LAST = True
 
 class CppScheduling(sdk.Scheduling):
     max_fusion_size = 64
+
+    def can_fuse(self, x_ranges: tuple[Any, ...], r_ranges: tuple[Any, ...],
+                 nodes: Sequence[Node]) -> bool:
+        """Not a window (a depthwise convolution's or a pooling's taps, each a masked load)
+        into a kernel with reduced dims: there the reduction's lane loop holds the taps'
+        masks, which GCC does not vectorise, where a pointwise kernel reads whole rows
+        through them (``masked_rows.py``). EfficientNet-B0's squeeze-and-excitation means
+        had taken in their 3x3 depthwise convolutions and run 2-3x slower than both apart."""
+        return not r_ranges or not any(_window(n) for n in nodes)
+
+
+#: Masked loads from which a node's body counts as a window (a 3x3 window with padding has
+#: up to eight; a ``cat`` or a ``pad`` one or two).
+WINDOW_MASKS = 4
+
+
+def _window(node: Node) -> bool:
+    body = getattr(node, "body", None)
+    return isinstance(body, sdk.Value) and sum(isinstance(v, sdk.Masked) for v in sdk.walk(body)) >= WINDOW_MASKS
 
 
 class CppBackend(sdk.DeviceBackend[CompiledModule]):

@@ -9,7 +9,8 @@ Computed per element, EfficientNet-B0's gated activations took a ``sigmoid`` of 
 every point of a 64x32x112x112 channels-last tensor, and its batch norms a ``sqrt`` and a
 division. Taken: the largest subtrees, outside masked bodies, of memory the kernel does not
 write, that use the innermost variable, leave out some other loop variable, and do some
-arithmetic (a bare load is already one load); their table of at most :data:`MAX_TABLE`
+arithmetic (a bare load is already one load, unless the vector loop would gather it: a
+depthwise convolution's weights); their table of at most :data:`MAX_TABLE`
 entries, each read at least :data:`MIN_READS` times, over loops of known lengths."""
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
-from coil.sdk import IndexValue, Load, Masked, Op, Value, walk
+from coil.sdk import Cast, IndexValue, Load, Masked, Op, Value, walk
 from coil.sdk.codegen import ValueScope
 
 from .hoist import invariance
@@ -109,10 +110,21 @@ def _pick(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.Expr,
             _pick(c, loops, points, computable, groups)
 
 
+def _gathered(v: Value, loops: dict[sympy.Symbol, sympy.Expr]) -> bool:
+    """Whether ``v`` is a load (or a cast of one) whose index steps by more than one element
+    along the innermost loop: the vector loop would gather it, where a table reads a row (a
+    depthwise convolution's weight ``w[c, 0, i, j]`` along the channels, 9 apart for 3x3)."""
+    load = v.x if isinstance(v, Cast) else v
+    if not isinstance(load, Load) or load.indirect:
+        return False
+    step = sympy.sympify(load.index).diff(list(loops)[-1])
+    return bool(step.is_number and step not in (0, 1, -1))
+
+
 def _table_dims(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.Expr
                 ) -> tuple[sympy.Symbol, ...] | None:
     """The loop variables ``v`` would be tabled over (in loop order), or None."""
-    if not isinstance(v, Op) and not any(isinstance(c, Op) for c in walk(v)):
+    if not isinstance(v, Op) and not any(isinstance(c, Op) for c in walk(v)) and not _gathered(v, loops):
         return None
     used: set[sympy.Symbol] = set()
     for x in walk(v):
