@@ -95,8 +95,8 @@ def _compiled(fn, args, **knobs) -> tuple[object, list[Schedule]]:
     seen: list[Schedule] = []
     real = compile_module.schedule
 
-    def recording(lowered, policies):
-        sched = real(lowered, policies)
+    def recording(lowered, policies, **kwargs):
+        sched = real(lowered, policies, **kwargs)
         _check_order(lowered, sched)
         seen.append(sched)
         return sched
