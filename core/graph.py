@@ -227,10 +227,13 @@ class GraphLowering:
         self.ctx.origin = _target_name(node.target)
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
-        fn = self.registry.lookup(node.target, device_type)  # a library op's may decline
+        library = node.target in LIBRARY_OPS  # by design, unless its lowering takes it
+        fn = self.registry.lookup(node.target, device_type)
         unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)
         if fn is not None and unsupported is not None:
-            return self._fallback(node, args, kwargs, "fallback", f"dtype {unsupported}")
+            if not library:
+                return self._fallback(node, args, kwargs, "fallback", f"dtype {unsupported}")
+            fn = None
         result: Any = None
         body: ir.Value | None = None
         mark = len(self.ctx.nodes)
@@ -242,14 +245,11 @@ class GraphLowering:
                 del self.ctx.nodes[mark:]
                 reason = str(exc) or type(exc).__name__
                 log.debug("falling back for %s: %s", self.ctx.origin, reason)
-                if node.target in LIBRARY_OPS:  # a convolution that is not depthwise, say
-                    result = self._fallback(node, args, kwargs, "library", "by design")
-                else:
-                    result = self._fallback(node, args, kwargs, "fallback", reason)
+                kind, why = ("library", "by design") if library else ("fallback", reason)
+                result = self._fallback(node, args, kwargs, kind, why)
         else:
-            kind = "library" if node.target in LIBRARY_OPS else "fallback"
-            reason = "by design" if kind == "library" else "no lowering"
-            result = self._fallback(node, args, kwargs, kind, reason)
+            kind, why = ("library", "by design") if library else ("fallback", "no lowering")
+            result = self._fallback(node, args, kwargs, kind, why)
             offered = self.templates.get(device_type or "")
             if offered is not None and node.target in TEMPLATE_OPS:
                 extern = self.ctx.nodes[-1]
