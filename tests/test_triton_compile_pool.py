@@ -260,3 +260,66 @@ def test_a_worker_builds_for_hopper_without_importing_torch(tmp_path):
     answer = json.loads(out.stdout.strip().splitlines()[-1])
     assert answer == {"hit": False, "torch": False}
     assert list((tmp_path / "triton").rglob("*.cubin")), "no binary in Triton's cache"
+
+
+_PARENT = """
+import json, os, subprocess, sys
+from types import SimpleNamespace
+import triton
+from triton.backends.compiler import GPUTarget
+from coil_cuda_triton import compile_pool, loader
+from coil_cuda_triton.build import compile_for
+from coil_cuda_triton.configs import Config
+
+KERNEL = '''
+@jit
+def coil_test_erfc(p_x, p_y, XBLOCK: tl.constexpr):
+    i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(p_y + i, coil_erfc(tl.load(p_x + i)))
+'''
+adopt = sys.argv[1] == "1"
+worker = subprocess.Popen([sys.executable, "-c", "import json, sys\\n"
+                           "from coil_cuda_triton import compile_worker\\n"
+                           "print(json.dumps(compile_worker.build(*json.loads(sys.stdin.read()))))"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"  # a setting taken after the worker started
+path = loader.write(KERNEL)
+fields = {"name": "coil_test_erfc", "params": ["p_x", "p_y"], "types": ["*fp32", "*fp32"],
+          "shape": "pointwise", "buffers": ["p_x", "p_y"]}
+cfg = {"xblock": 128, "num_warps": 4}
+job = [path, fields, cfg, True, False, 90] + ([compile_pool.triton_settings()] if adopt else [])
+worker_hit = json.loads(worker.communicate(json.dumps(job))[0].strip().splitlines()[-1])
+module = loader.load(KERNEL, interpret=False)
+hits = []
+compile_for(module.coil_test_erfc, SimpleNamespace(**fields), Config(**cfg),
+            target=GPUTarget("cuda", 90, 32), on_cache=hits.append)
+print(json.dumps({"worker_hit": worker_hit, "hits": hits}))
+"""
+
+
+@pytest.mark.parametrize("adopt", [True, False])
+def test_a_worker_builds_under_the_parents_triton_settings(tmp_path, adopt):
+    """Triton settings a process takes after its workers started (a cache-invalidating
+    environment variable here; torch's Inductor, run first in the same process, points
+    Triton's libdevice at the CUDA toolkit's) travel with each job: the worker builds under them, and the process then finds the build in the
+    cache instead of compiling the kernel a second time. Without them (``adopt=False``, the
+    old payload) the same kernel is built twice. Run in a process of its own: the tests run
+    Triton's interpreter, which cannot compile."""
+    pytest.importorskip("triton")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), COIL_CACHE_DIR=str(tmp_path / "coil"))
+    out = subprocess.run([sys.executable, "-c", _PARENT, "1" if adopt else "0"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer == {"worker_hit": False, "hits": [adopt]}
+
+
+def test_a_failed_worker_build_is_reported_once_per_kind(caplog, monkeypatch):
+    monkeypatch.setattr(compile_pool, "_failures", compile_pool.Counter())
+    job = ["p.py", {"name": "coil_k"}, {}, True, False, 90]
+    with caplog.at_level("WARNING", logger="coil_cuda_triton.compile_pool"):
+        compile_pool._report_failure(job, "CompilationError: at 3:4")
+        compile_pool._report_failure(job, "CompilationError: at 5:6")
+    assert compile_pool.failures() == {"CompilationError": 2}
+    assert len(caplog.records) == 1 and "coil_k" in caplog.text

@@ -270,13 +270,14 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)  # in the background: for later compiles if not this one
         payloads, local, done, queued = [], [], [], []
+        settings = compile_pool.triton_settings()
         for la in launchers:
             if la.src.name not in in_file:
                 continue
             fields = {"name": la.src.name, "params": la.src.params, "types": la.src.types,
                       "shape": la.src.shape, "buffers": la.src.buffers}
             for cfg in builds[id(la)]:
-                payloads.append([path, fields, cfg.__dict__, True, la.debug, major * 10 + minor])
+                payloads.append([path, fields, cfg.__dict__, True, la.debug, major * 10 + minor, settings])
                 local.append(functools.partial(la.build_queued, cfg))
                 done.append(functools.partial(count.job_done, la))
                 queued.append((la, cfg))

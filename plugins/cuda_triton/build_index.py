@@ -34,7 +34,8 @@ def key(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], attrs: d
     ``triton.compile``'s ``ASTSource`` and options get (``target``: a ``GPUTarget``)."""
     import triton  # optional: the CPU-only path imports this module and never compiles
     from triton.compiler.compiler import get_cache_invalidating_env_vars
-    parts = [FORMAT, triton.__version__, _plugin_digest(), _backend_hash(target), repr(target),
+    parts = [FORMAT, triton.__version__, _plugin_digest(), _backend_hash(target, _tool("ptxas")),
+             repr(target), _file_digest(_tool("libdevice_path")),
              fn.src, fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
              repr(sorted(attrs.items())), repr(sorted(options.items())),
              repr(sorted(get_cache_invalidating_env_vars().items()))]
@@ -53,8 +54,38 @@ def _plugin_digest() -> str:
     return h.hexdigest()
 
 
+def _tool(name: str) -> Any:
+    """Triton's NVIDIA knob ``name`` (which ptxas, which libdevice), as this process has it
+    now: torch's Inductor points both at the CUDA toolkit's when it compiles."""
+    import triton  # optional: only when compiling
+    try:
+        value = getattr(triton.knobs.nvidia, name)
+    except Exception:  # noqa: BLE001 - no such knob on this Triton, or a tool not found
+        return None
+    return getattr(value, "path", value)
+
+
+def _file_digest(path: Any) -> str:
+    """A digest of the file at ``path`` (Triton keys its builds by the libdevice's content);
+    empty for None (Triton's own)."""
+    if not path:
+        return ""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return f"missing:{path}"
+    return _digest_of(str(path), stat.st_size, stat.st_mtime_ns)
+
+
 @functools.lru_cache(maxsize=None)
-def _backend_hash(target: Any) -> str:
+def _digest_of(path: str, size: int, mtime_ns: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_hash(target: Any, ptxas: Any = None) -> str:
+    """Triton's hash of the compiler tools for ``target`` (``ptxas``: which ptxas, so that a
+    process whose ptxas changes gets a new hash)."""
     from triton.compiler.compiler import make_backend  # optional: only when compiling
     return str(make_backend(target).hash())
 

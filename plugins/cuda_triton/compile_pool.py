@@ -40,6 +40,24 @@ _lock = threading.Lock()
 _workers: list["_Worker"] | None = None
 
 
+def triton_settings() -> dict[str, Any]:
+    """What this process's ``triton.compile`` depends on beyond a job's own fields: the
+    ``TRITON_*`` environment and the libdevice Triton links. A worker takes these over before
+    each build (:func:`.compile_worker.adopt`), so its build lands under the key this process
+    will look up. They can change after the workers start: Inductor, run earlier in the same
+    process, points Triton's libdevice at the CUDA toolkit's (the knob and the environment),
+    and a worker that built with Triton's own libdevice left every build to be repeated here."""
+    env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_INTERPRET"}
+    try:  # optional: the pool only runs where Triton compiles
+        from triton import knobs
+        from triton.compiler.compiler import get_cache_invalidating_env_vars
+        env.update({k: os.environ[k] for k in get_cache_invalidating_env_vars() if k in os.environ})
+        libdevice = knobs.nvidia.libdevice_path
+    except (ImportError, AttributeError):
+        libdevice = None
+    return {"env": env, "libdevice": libdevice}
+
+
 def count() -> int:
     env = os.environ.get("COIL_TRITON_COMPILE_WORKERS")
     if env is not None:
@@ -70,11 +88,14 @@ class _Worker:
             assert self.proc.stdin is not None and self.proc.stdout is not None
             self.proc.stdin.write(json.dumps(job) + "\n")
             self.proc.stdin.flush()
-            return dict(json.loads(self.proc.stdout.readline()))
+            answer = dict(json.loads(self.proc.stdout.readline()))
         except Exception as exc:  # the worker died: stop using it
             self.dead = True
             log.debug("coil: compile worker failed: %s", exc)
             return {"ok": False}
+        if not answer.get("ok"):
+            _report_failure(job, answer.get("error", "no reason given"))
+        return answer
 
 
 def start(arch: int) -> None:
@@ -98,6 +119,29 @@ def _spawn(arch: int, n: int) -> None:
         with _lock:
             assert _workers is not None
             _workers.append(worker)
+
+
+_failures: Counter[str] = Counter()
+
+
+def _report_failure(job: list[Any], error: str) -> None:
+    """Say once per kind of error that a worker could not build a kernel (it is then built in
+    this process, the slow way): a pool whose every job fails only costs time, so this line
+    is the only sign of it."""
+    kind = error.split(":", 1)[0]
+    with _lock:
+        _failures[kind] += 1
+        first = _failures[kind] == 1
+    if first:
+        name = job[1].get("name", "?") if len(job) > 1 and isinstance(job[1], dict) else "?"
+        log.warning("coil: a compile worker could not build %s (%s); such kernels build in "
+                    "this process instead", name, error)
+
+
+def failures() -> dict[str, int]:
+    """Worker builds that failed in this process, by kind of error."""
+    with _lock:
+        return dict(_failures)
 
 
 def _serving() -> list[_Worker]:
@@ -182,7 +226,8 @@ def _next_queued() -> Job | None:
 
 def submit(payloads: list[list[Any]], local: list[Callable[[], None]],
            on_done: list[Callable[[], None]] | None = None) -> list[Job] | None:
-    """Queue ``[source_path, kernel fields, config fields, aligned, debug, arch]`` builds for
+    """Queue ``[source_path, kernel fields, config fields, aligned, debug, arch, settings]``
+    builds (``settings``: :func:`triton_settings`) for
     the workers, in order (a graph's kernels in launch order: the first launches need the
     first builds). Returns at once with the jobs; None when there is no pool (workers
     disabled or failed), so the caller builds in-process. ``local[i]`` builds payload ``i``

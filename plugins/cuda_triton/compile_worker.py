@@ -18,14 +18,34 @@ import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.compiler.compiler import get_cache_invalidating_env_vars
 
 from . import loader
 from .build import compile_for
 from .configs import Config
 
 
-def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool, debug: bool, arch: int) -> bool:
-    """Build one kernel; whether Triton's cache held it already."""
+def adopt(settings: dict[str, Any] | None) -> None:
+    """Take over the parent's Triton settings (:func:`.compile_pool.triton_settings`): its
+    ``TRITON_*`` and cache-invalidating environment, exactly, and its libdevice. The build then lands under the
+    cache key the parent looks up."""
+    if not settings:
+        return
+    env = settings.get("env", {})
+    ours = [k for k in os.environ if k.startswith("TRITON_")] + list(get_cache_invalidating_env_vars())
+    for name in {k for k in ours if k not in env}:
+        os.environ.pop(name, None)
+    os.environ.update(env)
+    knobs = triton.knobs
+    if knobs.nvidia.libdevice_path != settings.get("libdevice"):
+        knobs.nvidia.libdevice_path = settings.get("libdevice")
+
+
+def build(path: str, fields: dict[str, Any], cfg: dict[str, Any], aligned: bool, debug: bool, arch: int,
+          settings: dict[str, Any] | None = None) -> bool:
+    """Build one kernel under the parent's Triton ``settings``; whether Triton's cache held it
+    already."""
+    adopt(settings)
     with open(path) as f:
         module = loader.load(f.read(), interpret=False)
     src = SimpleNamespace(**fields)

@@ -34,6 +34,27 @@ def count_build(hit: bool) -> None:
     cachestats.count("kernel", "triton", "hit" if hit else "miss")
 
 
+_built_twice = [0]
+
+
+def _worker_build_found(hit: bool) -> None:
+    """After a compile worker built a binary, whether this process found it in the cache. A
+    miss means the build is made twice, here in the launching thread: the worker built under
+    other Triton settings than this process's (:func:`.compile_pool.triton_settings`)."""
+    if hit:
+        return
+    _built_twice[0] += 1
+    cachestats.count("kernel", "triton", "miss")
+    if _built_twice[0] == 1:
+        log.warning("coil: a kernel a compile worker built was not in Triton's cache here, so it "
+                    "is built again in this process: the worker's Triton settings differ")
+
+
+def built_twice() -> int:
+    """Binaries a worker built that this process had to build again (should stay 0)."""
+    return _built_twice[0]
+
+
 class Launcher:
     """Launches one kernel: ``launcher(stream, *args)`` with args in ``Kernel.args`` order."""
 
@@ -94,7 +115,7 @@ class Launcher:
                 return got
         counted = (cfg, aligned) in self.counted
         got = compile_for(self.fn, self.src, cfg, aligned=aligned, debug=self.debug,
-                          on_cache=None if counted else count_build)
+                          on_cache=_worker_build_found if counted else count_build)
         self._binaries[(cfg, aligned)] = got
         return got
 
