@@ -277,12 +277,23 @@ def coil_test_erfc(p_x, p_y, XBLOCK: tl.constexpr):
     i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     tl.store(p_y + i, coil_erfc(tl.load(p_x + i)))
 '''
-adopt = sys.argv[1] == "1"
+adopt, case = sys.argv[1] == "1", sys.argv[2]
+if case == "ptxas":  # what Inductor does in this process before Coil's workers start
+    from triton.compiler.compiler import make_backend
+    make_backend(GPUTarget("cuda", 90, 32)).hash()  # Triton keeps this ptxas version from now on
+    real = triton.knobs.nvidia.ptxas.path
+    fake = os.path.join(sys.argv[3], "ptxas")
+    with open(fake, "w") as f:
+        f.write('#!/bin/sh\\nif [ "$1" = --version ]; then echo "Cuda compilation tools, release 12.7, V12.7.99"; '
+                f'else exec {real} "$@"; fi\\n')
+    os.chmod(fake, 0o755)
+    os.environ["TRITON_PTXAS_PATH"] = fake
 worker = subprocess.Popen([sys.executable, "-c", "import json, sys\\n"
                            "from coil_cuda_triton import compile_worker\\n"
                            "print(json.dumps(compile_worker.build(*json.loads(sys.stdin.read()))))"],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"  # a setting taken after the worker started
+if case == "late":
+    os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"  # a setting taken after the worker started
 path = loader.write(KERNEL)
 fields = {"name": "coil_test_erfc", "params": ["p_x", "p_y"], "types": ["*fp32", "*fp32"],
           "shape": "pointwise", "buffers": ["p_x", "p_y"]}
@@ -297,22 +308,26 @@ print(json.dumps({"worker_hit": worker_hit, "hits": hits}))
 """
 
 
-@pytest.mark.parametrize("adopt", [True, False])
-def test_a_worker_builds_under_the_parents_triton_settings(tmp_path, adopt):
+@pytest.mark.parametrize("adopt, case, found", [(True, "late", True), (False, "late", False),
+                                               (True, "ptxas", True)])
+def test_a_worker_builds_under_the_parents_triton_settings(tmp_path, adopt, case, found):
     """Triton settings a process takes after its workers started (a cache-invalidating
     environment variable here; torch's Inductor, run first in the same process, points
     Triton's libdevice at the CUDA toolkit's) travel with each job: the worker builds under them, and the process then finds the build in the
     cache instead of compiling the kernel a second time. Without them (``adopt=False``, the
-    old payload) the same kernel is built twice. Run in a process of its own: the tests run
-    Triton's interpreter, which cannot compile."""
+    old payload) the same kernel is built twice. ``ptxas``: Inductor moved Triton to another
+    ptxas before the workers started, after Triton had hashed its first one, which it keeps;
+    the build index keys the ptxas that runs, so the parent finds what the workers built.
+    Run in a process of its own: the tests run Triton's interpreter, which cannot compile."""
     pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "TRITON_DEFAULT_FP_FUSION", "TRITON_PTXAS_PATH")}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "triton"), COIL_CACHE_DIR=str(tmp_path / "coil"))
-    out = subprocess.run([sys.executable, "-c", _PARENT, "1" if adopt else "0"],
+    out = subprocess.run([sys.executable, "-c", _PARENT, "1" if adopt else "0", case, str(tmp_path)],
                          env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout.strip().splitlines()[-1])
-    assert answer == {"worker_hit": False, "hits": [adopt]}
+    assert answer == {"worker_hit": False, "hits": [found]}
 
 
 def test_a_failed_worker_build_is_reported_once_per_kind(caplog, monkeypatch):

@@ -34,7 +34,7 @@ def key(fn: Any, signature: dict[str, str], constexprs: dict[str, Any], attrs: d
     ``triton.compile``'s ``ASTSource`` and options get (``target``: a ``GPUTarget``)."""
     import triton  # optional: the CPU-only path imports this module and never compiles
     from triton.compiler.compiler import get_cache_invalidating_env_vars
-    parts = [FORMAT, triton.__version__, _plugin_digest(), _backend_hash(target, _tool("ptxas")),
+    parts = [FORMAT, triton.__version__, _plugin_digest(), _compiler_tools(target),
              repr(target), _file_digest(_tool("libdevice_path")),
              fn.src, fn.__name__, repr(sorted(signature.items())), repr(sorted(constexprs.items())),
              repr(sorted(attrs.items())), repr(sorted(options.items())),
@@ -55,14 +55,14 @@ def _plugin_digest() -> str:
 
 
 def _tool(name: str) -> Any:
-    """Triton's NVIDIA knob ``name`` (which ptxas, which libdevice), as this process has it
-    now: torch's Inductor points both at the CUDA toolkit's when it compiles."""
+    """Triton's NVIDIA knob ``name`` (a ptxas, with its path and version; the libdevice's
+    path) as this process has it now: torch's Inductor points both at the CUDA toolkit's
+    when it compiles."""
     import triton  # optional: only when compiling
     try:
-        value = getattr(triton.knobs.nvidia, name)
+        return getattr(triton.knobs.nvidia, name)
     except Exception:  # noqa: BLE001 - no such knob on this Triton, or a tool not found
         return None
-    return getattr(value, "path", value)
 
 
 def _file_digest(path: Any) -> str:
@@ -82,10 +82,21 @@ def _digest_of(path: str, size: int, mtime_ns: int) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def _compiler_tools(target: Any) -> str:
+    """The compiler tools a build for ``target`` runs. For CUDA, the ptxas Triton would run
+    now, path and version, asked afresh: Triton's own hash of its CUDA backend keeps the
+    ptxas version it first saw for the rest of the process, and torch's Inductor moves
+    Triton to the CUDA toolkit's ptxas when it first compiles. A process where Inductor ran
+    first thus keys its builds by one ptxas and runs another; its compile workers, started
+    later, key them by the one that runs, and every kernel they built was missed and built
+    again here. Elsewhere, Triton's backend hash."""
+    if getattr(target, "backend", None) == "cuda":
+        return repr(_tool("ptxas_blackwell" if int(target.arch) >= 100 else "ptxas"))
+    return _backend_hash(target)
+
+
 @functools.lru_cache(maxsize=None)
-def _backend_hash(target: Any, ptxas: Any = None) -> str:
-    """Triton's hash of the compiler tools for ``target`` (``ptxas``: which ptxas, so that a
-    process whose ptxas changes gets a new hash)."""
+def _backend_hash(target: Any) -> str:
     from triton.compiler.compiler import make_backend  # optional: only when compiling
     return str(make_backend(target).hash())
 
