@@ -106,8 +106,23 @@ def test_convolution_operands_are_saved_channels_last(channels_last_cpu):
 
 
 def test_without_the_capability_training_keeps_eager_layouts():
-    with config.override(training_channels_last=True):
-        reports = _train(steps=1)
+    """A backend that does not declare ``conv_channels_last`` (named here: the test run's
+    default backend may be one that does, such as the Triton plugin under its interpreter)."""
+    import coil.sdk as sdk
+    from coil_cpu_cpp.backend import CppBackend
+
+    class ChannelsLastAnswerOnly(CppBackend):
+        prefers_channels_last = sdk.DeviceBackend.prefers_channels_last
+
+    backend = ChannelsLastAnswerOnly()
+    backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=False)
+    plugins.reset()
+    coil.register_backend_for_device("cpu", backend, name="cpp-no-channels-last")
+    try:
+        with config.override(training_channels_last=True):
+            reports = _train(steps=1)
+    finally:
+        plugins.reset()
     assert all(r.output_strides is None for r in reports)
 
 
