@@ -7,25 +7,25 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
     float acc_buf0_mean = float(0);
     float acc_buf0_m2 = float(0);
     float acc_buf0_n = float(0);
-    float lane_buf0_mean[32];
-    float lane_buf0_m2[32];
-    float lane_buf0_n[32];
+    float lane_buf0_mean[64];
+    float lane_buf0_m2[64];
+    float lane_buf0_n[64];
     #pragma omp simd
-    for (int64_t lane = 0; lane < 32; lane++) {
+    for (int64_t lane = 0; lane < 64; lane++) {
       lane_buf0_mean[lane] = float(0);
       lane_buf0_m2[lane] = float(0);
       lane_buf0_n[lane] = float(0);
     }
-    for (int64_t r0_chunk = 0; r0_chunk < 256; r0_chunk += 32) {
+    for (int64_t r0_chunk = 0; r0_chunk < 256; r0_chunk += 64) {
       #pragma omp simd
-      for (int64_t lane = 0; lane < 32; lane++) {
+      for (int64_t lane = 0; lane < 64; lane++) {
         int64_t r0 = r0_chunk + lane;
         float t1 = arg0[(r0 + 256*x0)];
         coil::welford_update<float>(lane_buf0_mean[lane], lane_buf0_m2[lane], lane_buf0_n[lane], t1);
       }
     }
     #pragma GCC unroll 8
-    for (int64_t half = 16; half > 0; half /= 2) {
+    for (int64_t half = 32; half > 0; half /= 2) {
       #pragma omp simd
       for (int64_t lane = 0; lane < half; lane++) {
         coil::welford_combine<float>(lane_buf0_mean[lane], lane_buf0_m2[lane], lane_buf0_n[lane], lane_buf0_mean[lane + half], lane_buf0_m2[lane + half], lane_buf0_n[lane + half]);
