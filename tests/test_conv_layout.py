@@ -18,8 +18,9 @@ from coil import compile as coil_compile
 from coil import config, plugins
 
 
-@pytest.fixture
-def channels_last_cpu():
+def _register_cpp(conv_channels_last: bool) -> None:
+    """The C++ plugin for ``cpu``, answering channels-last for every conv net (the SDK's
+    default ``prefers_channels_last``) and declaring ``conv_channels_last`` as asked."""
     import coil.sdk as sdk
     from coil_cpu_cpp.backend import CppBackend
 
@@ -27,9 +28,14 @@ def channels_last_cpu():
         prefers_channels_last = sdk.DeviceBackend.prefers_channels_last
 
     backend = ChannelsLast()
-    backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=True)
+    backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=conv_channels_last)
     plugins.reset()
-    coil.register_backend_for_device("cpu", backend, name="cpp-channels-last")
+    coil.register_backend_for_device("cpu", backend, name=f"cpp-channels-last-{conv_channels_last}")
+
+
+@pytest.fixture
+def channels_last_cpu():
+    _register_cpp(conv_channels_last=True)
     with config.override(training_channels_last=True):
         yield
     plugins.reset()
@@ -108,16 +114,7 @@ def test_convolution_operands_are_saved_channels_last(channels_last_cpu):
 def test_without_the_capability_training_keeps_eager_layouts():
     """A backend that does not declare ``conv_channels_last`` (named here: the test run's
     default backend may be one that does, such as the Triton plugin under its interpreter)."""
-    import coil.sdk as sdk
-    from coil_cpu_cpp.backend import CppBackend
-
-    class ChannelsLastAnswerOnly(CppBackend):
-        prefers_channels_last = sdk.DeviceBackend.prefers_channels_last
-
-    backend = ChannelsLastAnswerOnly()
-    backend.capabilities = dataclasses.replace(backend.capabilities, conv_channels_last=False)
-    plugins.reset()
-    coil.register_backend_for_device("cpu", backend, name="cpp-no-channels-last")
+    _register_cpp(conv_channels_last=False)
     try:
         with config.override(training_channels_last=True):
             reports = _train(steps=1)

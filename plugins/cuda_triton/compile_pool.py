@@ -42,11 +42,11 @@ _workers: list["_Worker"] | None = None
 
 def triton_settings() -> dict[str, Any]:
     """What this process's ``triton.compile`` depends on beyond a job's own fields: the
-    ``TRITON_*`` environment and the libdevice Triton links. A worker takes these over before
-    each build (:func:`.compile_worker.adopt`), so its build lands under the key this process
-    will look up. They can change after the workers start: Inductor, run earlier in the same
-    process, points Triton's libdevice at the CUDA toolkit's (the knob and the environment),
-    and a worker that built with Triton's own libdevice left every build to be repeated here."""
+    ``TRITON_*`` and cache-invalidating environment and the libdevice Triton links. A worker
+    takes these over before each build (:func:`.compile_worker.adopt`), so it builds what this
+    process would, under the key this process looks up, even when they changed after the
+    workers started (torch's Inductor sets ``TRITON_PTXAS_PATH`` and may point the libdevice
+    at the CUDA toolkit's when it first compiles in a process)."""
     env = {k: v for k, v in os.environ.items() if k.startswith("TRITON_") and k != "TRITON_INTERPRET"}
     try:  # optional: the pool only runs where Triton compiles
         from triton import knobs

@@ -27,8 +27,8 @@ from .configs import Config
 
 def adopt(settings: dict[str, Any] | None) -> None:
     """Take over the parent's Triton settings (:func:`.compile_pool.triton_settings`): its
-    ``TRITON_*`` and cache-invalidating environment, exactly, and its libdevice. The build then lands under the
-    cache key the parent looks up."""
+    ``TRITON_*`` and cache-invalidating environment, exactly, and its libdevice. The build
+    then lands under the cache key the parent looks up."""
     if not settings:
         return
     env = settings.get("env", {})
