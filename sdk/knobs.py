@@ -159,6 +159,7 @@ OTHER_VARIABLES: dict[str, str] = {
     "COIL_NO_AUTOLOAD": "coil.sdk.registry: load no entry-point plugin (Coil's own included)",
     "COIL_BLOCK_PLUGINS": "coil.sdk.registry: comma-separated plugin names not to load",
     "COIL_TRITON_COMPILE_WORKERS": "coil_cuda_triton: processes building Triton kernels (0: in-process)",
+    "COIL_TRITON_LAUNCHER": "coil_cuda_triton: 'ctypes' launches kernels without the C launcher",
     "COIL_TEST_DEVICE": "tests: the device the differential tests run on",
     "COIL_TEST_BACKEND": "tests: 'triton' routes the cpu device to the interpreted Triton plugin",
     "COIL_TEST_OWN_CACHE": "tests/conftest.py: set by the suite itself, each test process makes its own cache",

@@ -17,7 +17,7 @@ import torch
 import coil.sdk as sdk
 from coil.sdk.backend import BoxedGraph, KernelRef
 
-from . import artifacts, autotune, build_budget, compile_pool, dedup, launch, loader
+from . import artifacts, autotune, build_budget, compile_pool, dedup, launch, loader, raw_launch
 from .artifacts import EXPORT_FORMAT, KernelPlan, TemplateSpec
 from .codegen import KernelSource, KernelWriter
 from .graphs import GraphReplay
@@ -311,6 +311,7 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
             return
         major, minor = torch.cuda.get_device_capability()
         compile_pool.start(major * 10 + minor)
+        raw_launch.warm_up()
 
     def options_text(self) -> str:
         return f"bounds_check={self.bounds_check};{self.capabilities.cache_key()}"
@@ -363,6 +364,7 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
             # and says that cuda tensors cannot be made here
             if torch.cuda.is_available():
                 checks.append(sdk.Check("CUDA device", True, torch.cuda.get_device_name()))
+                checks.append(raw_launch.check())
             else:
                 checks.append(sdk.Check.skip(
                     "CUDA device", "none visible to torch (cuda tensors cannot be used on this machine)"))

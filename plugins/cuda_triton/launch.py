@@ -195,11 +195,8 @@ class Launcher:
 
     def __call__(self, stream: Any, *args: Any) -> None:
         fast = self._fast
-        if fast is not None:  # a static kernel, tuned: only the pointers change
-            ptrs = [a.data_ptr() for a in args[:self.n_ptrs]]
-            if not functools.reduce(operator.or_, ptrs, 0) & 15:
-                fast[0](fast[1], stream, ptrs, ())
-                return
+        if fast is not None and fast[0](fast[1], stream, args):
+            return  # a static kernel, tuned: only the pointers change (False: not aligned)
         sizes = tuple(args[self.n_ptrs:])
         bucket = None if self.static else configs.bucket(sizes)
         cfg = self._winners.get(bucket)
@@ -210,7 +207,7 @@ class Launcher:
         if self.static and not self.interpret and self._fast is None:
             raw, grid = self._raw.get((cfg, True)), self.grid(cfg, sizes)
             if raw and grid:
-                self._fast = (raw, grid)
+                self._fast = (raw.run, grid)
 
     def _choose(self, bucket: Any, stream: Any, args: Sequence[Any]) -> Config:
         if self.interpret and not self.tune_in_interpreter:
@@ -292,7 +289,7 @@ class Launcher:
         if raw is None:
             raw = self._raw_launcher(cfg, aligned)
         if raw is not False:
-            raw(grid, stream, ptrs, sizes)
+            raw.run(grid, stream, args if isinstance(args, tuple) else tuple(args))
             return
         b = self.binary(cfg, aligned)
         b.run(grid, 1, 1, stream, b.function, b.packed_metadata, None, None, None, *args,
@@ -301,7 +298,7 @@ class Launcher:
     def _raw_launcher(self, cfg: Config, aligned: bool) -> Any:
         """A ctypes launcher for the binary (False when it needs Triton's own)."""
         b = self.binary(cfg, aligned)
-        raw: Any = RawLauncher(b, self.src.types) if usable(b) else False
+        raw: Any = RawLauncher(b, self.src.types, aligned) if usable(b) else False
         self._raw[(cfg, aligned)] = raw
         return raw
 

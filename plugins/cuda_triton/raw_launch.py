@@ -8,7 +8,14 @@ driver utilities, and each launch only refreshes the parameter values in place."
 from __future__ import annotations
 
 import ctypes
+import functools
+import operator
+import os
 from typing import Any, Sequence
+
+import coil.sdk as sdk
+
+from . import c_launch
 
 _driver: Any = None
 
@@ -24,6 +31,31 @@ def _cuda() -> Any:
         lib.cuLaunchKernel.restype = ctypes.c_int
         _driver = lib
     return _driver
+
+
+def _driver_address() -> int:
+    return c_launch.address_of(_cuda().cuLaunchKernel)
+
+
+def use_c() -> bool:
+    """Whether launches go through the C launcher (:mod:`.c_launch`): yes, unless
+    ``COIL_TRITON_LAUNCHER=ctypes`` asks for the ctypes path (for comparison)."""
+    return os.environ.get("COIL_TRITON_LAUNCHER", "c") != "ctypes"
+
+
+def warm_up() -> None:
+    """Start building the C launcher in the background."""
+    if use_c():
+        c_launch.start()
+
+
+def check() -> sdk.Check:
+    """``coil doctor``'s line on the launcher in use."""
+    if not use_c():
+        return sdk.Check("launcher", True, "ctypes (COIL_TRITON_LAUNCHER=ctypes)")
+    built = c_launch.built() is not None
+    return sdk.Check("launcher", built, "C extension" if built else
+                     f"ctypes: the C launcher could not be built ({c_launch.failure()})")
 
 
 def usable(binary: Any) -> bool:
@@ -72,18 +104,44 @@ class Params:
 
 
 class RawLauncher:
-    """``launcher(grid, stream, ptrs, sizes)`` for one binary; ``types`` are the signature
-    types of the non-constexpr parameters (``*fp32``, ``i64``...), pointers first."""
+    """Launches one binary; ``types`` are the signature types of the non-constexpr parameters
+    (``*fp32``, ``i64``...), pointers first, and ``aligned`` whether the binary was built for
+    16-byte aligned pointers.
 
-    def __init__(self, binary: Any, types: Sequence[str]) -> None:
+    ``run(grid, stream, args)`` launches with the launch's own tensors and sizes and returns
+    False, launching nothing, when a pointer the binary assumes aligned is not. It is the C
+    launcher's ``launch`` bound to this binary's plan where that extension is built, else the
+    ctypes path below (:meth:`run_ctypes`)."""
+
+    def __init__(self, binary: Any, types: Sequence[str], aligned: bool = True) -> None:
         from triton.runtime.driver import driver  # optional: only with a GPU build to launch
         device = driver.active.get_current_device()
         md = binary.metadata
         _, self.function, _, _, _ = driver.active.utils.load_binary(binary.name, binary.kernel, md.shared, device)
         self.threads = 32 * md.num_warps
         self.shared = md.shared
+        self.aligned = aligned
         self.block = Params(types)
         self.launch = _cuda().cuLaunchKernel
+        self.choose_path(types)
+
+    def choose_path(self, types: Sequence[str]) -> None:
+        """Bind ``run`` to the C launcher, or to the ctypes path where it is not built."""
+        compiled = c_launch.module(_driver_address) if use_c() else None
+        if compiled is not None:
+            self.run = functools.partial(compiled.launch,
+                                         c_launch.plan(self.function, self.threads, self.shared, self.aligned, types))
+        else:
+            self.run = self.run_ctypes
+
+    def run_ctypes(self, grid: int, stream: int, args: Sequence[Any]) -> bool:
+        n = self.block.n_ptrs
+        ptrs = [a.data_ptr() for a in args[:n]]
+        if self.aligned and functools.reduce(operator.or_, ptrs, 0) & 15:
+            return False
+        if grid:
+            self(grid, stream, ptrs, args[n:])
+        return True
 
     def __call__(self, grid: int, stream: int, ptrs: Sequence[int], sizes: Sequence[int]) -> None:
         """Launch with the pointer values (already read) and the size arguments."""

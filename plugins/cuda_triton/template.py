@@ -212,9 +212,11 @@ class TemplateLauncher:
             bench = (autotune.wall_bench if self.interpret else
                      (lambda call: autotune.cuda_bench(call, reps=3, hold=True)))
 
+            library = self._library_bound(len(trial))
+
             def run(cfg: Config) -> Any:
                 if cfg == LIBRARY:
-                    return lambda: self._library(stream, *trial)
+                    return lambda: library(stream, *trial)
                 return lambda: self.fused.launch(cfg, stream, trial)
             cached, timings = autotune.select_interleaved(
                 candidates, run, bench, warm_ms=0.0 if self.interpret else WARM_MS)
@@ -223,35 +225,63 @@ class TemplateLauncher:
             self.cache.put(key, cached, timings, self.fused.src.name)
         if cached == LIBRARY:
             self.choice = "library"
-            return self._library
+            return self._library_bound(len(args))
         self.choice = "template"
         self.fused.pin(cached)
         return self.fused
 
-    def _library(self, stream: Any, *args: Any) -> None:
-        """ATen's GEMM into the product buffer (or a scratch one), then the epilogue kernel."""
+    def _library_bound(self, n_args: int) -> Any:
+        """The library side for launches of ``n_args`` arguments: ATen's GEMM into the product
+        buffer (or a scratch one), then the epilogue kernel, with every size, stride, offset
+        and argument position worked out once (the wrapper calls it directly once the library
+        is chosen: 30 calls in a training step of ViT-tiny)."""
         call = self._call
         problem = call.problem
-        a = _view(args[self._index[problem.a.name]], problem.a)
-        b = _view(args[self._index[problem.b.name]], problem.b)
-        size, stride, dtype = self._product
-        stored = call.output in self._index
-        out = args[self._index[call.output]] if stored else self._hosting(args)
-        product = _view_of(out, size, stride) if out is not None else \
-            torch.empty_strided(size, stride, dtype=dtype, device=a.device)
-        bmm = problem.op == "bmm"
-        if call.bias is not None:
-            bias = _bias_view(args[self._index[call.bias.name]], call.bias, bmm)
-            (torch.baddbmm if bmm else torch.addmm)(bias, a, b, beta=call.beta, alpha=call.alpha, out=product)
-        else:
-            result = (torch.bmm if bmm else torch.mm)(a, b, out=product)
-            if call.alpha != 1:
-                result.mul_(call.alpha)
-        if self.unfused is not None:
-            values = {name: args[i] for name, i in self._index.items() if i < len(args)}
-            values[call.output] = product
-            self.unfused(stream, *[values[n] if n in values else n for n in self._unfused_args])
+        index = self._index
 
+        def spec(op: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], int]:
+            return (index[op.name], tuple(int(s) for s in op.size), tuple(int(s) for s in op.stride),
+                    int(op.offset))
+        (ai, asize, astride, aoff), (bi, bsize, bstride, boff) = spec(problem.a), spec(problem.b)
+        size, stride, dtype = self._product
+        out_at = index.get(call.output)
+        bmm = problem.op == "bmm"
+        bias = None
+        if call.bias is not None:
+            op = call.bias
+            if not bmm and int(op.stride[0]) == 0:  # a linear layer's row vector stays 1-D: ATen adds it
+                # in its own epilogue (seen 2-D, it is first copied into the output)
+                bias = (index[op.name], (int(op.size[1]),), (int(op.stride[1]),), int(op.offset))
+            else:
+                bias = spec(op)
+        gemm = (torch.baddbmm if bmm else torch.addmm) if bias is not None else (torch.bmm if bmm else torch.mm)
+        beta, alpha = call.beta, call.alpha
+        unfused = self.unfused
+        # each argument of the epilogue: the product, an argument's position, or a literal (a 1-tuple)
+        product_slot = object()
+        slots = [product_slot if n == call.output else index[n] if n in index and index[n] < n_args else (n,)
+                 for n in self._unfused_args]
+        hosting = self._hosting
+
+        def library(stream: Any, *args: Any) -> None:
+            a, b = args[ai], args[bi]
+            a = a.as_strided(asize, astride, a.storage_offset() + aoff)
+            b = b.as_strided(bsize, bstride, b.storage_offset() + boff)
+            out = args[out_at] if out_at is not None else hosting(args)
+            product = out.as_strided(size, stride, out.storage_offset()) if out is not None else \
+                torch.empty_strided(size, stride, dtype=dtype, device=a.device)
+            if bias is not None:
+                t = args[bias[0]]
+                gemm(t.as_strided(bias[1], bias[2], t.storage_offset() + bias[3]), a, b,
+                     beta=beta, alpha=alpha, out=product)
+            else:
+                gemm(a, b, out=product)
+                if alpha != 1:
+                    product.mul_(alpha)
+            if unfused is not None:
+                unfused(stream, *[product if m is product_slot else args[m] if isinstance(m, int) else m[0]
+                                  for m in slots])
+        return library
 
     def _hosting(self, args: Sequence[Any]) -> torch.Tensor | None:
         """The epilogue's output buffer, to hold the product it is computed from (the kernel
@@ -292,25 +322,6 @@ def product_host(call: Any, index: dict[str, int]) -> str | None:
                for ld in loads(kn.body)):
             return None
     return host
-
-
-def _view(t: torch.Tensor, op: Any) -> torch.Tensor:
-    size = tuple(int(s) for s in op.size)
-    stride = tuple(int(s) for s in op.stride)
-    return t.as_strided(size, stride, t.storage_offset() + int(op.offset))
-
-
-def _bias_view(t: torch.Tensor, op: Any, bmm: bool) -> torch.Tensor:
-    """The bias as ATen's GEMM takes it best: a linear layer's row vector stays 1-D (the
-    library adds it in its own epilogue; broadcast to 2-D, it is copied into the output
-    first), anything else seen with the output's sizes."""
-    if not bmm and int(op.stride[0]) == 0:
-        return t.as_strided((int(op.size[1]),), (int(op.stride[1]),), t.storage_offset() + int(op.offset))
-    return _view(t, op)
-
-
-def _view_of(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...]) -> torch.Tensor:
-    return t.as_strided(size, stride, t.storage_offset())
 
 
 __all__ = ["TemplateWriter", "TemplateLauncher", "LIBRARY"]
