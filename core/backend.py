@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import compile_agreement, plugins
+from . import compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph
@@ -25,8 +25,9 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 
 
 def _partition_fn() -> Any:
-    """AOTAutograd's min-cut partitioner, after Coil's joint-graph rewrites: max-pool indices
-    saved as int8 window offsets (:mod:`coil.pool_offsets`)."""
+    """AOTAutograd's min-cut partitioner, after Coil's joint-graph rewrites: aliases taken out
+    (:mod:`coil.joint_aliases`) and max-pool indices saved as int8 window offsets
+    (:mod:`coil.pool_offsets`)."""
     try:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as base
     except ImportError:  # pragma: no cover - older torch
@@ -34,6 +35,7 @@ def _partition_fn() -> Any:
 
     @functools.wraps(base)
     def partition(joint_module: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
+        joint_aliases.drop_aliases(joint_module)
         narrow_saved_indices(joint_module)
         return base(joint_module, *args, **kwargs)
 
