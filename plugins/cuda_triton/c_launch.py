@@ -105,8 +105,12 @@ static PyObject *launch(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
     params[h.n] = &values[h.n];
     params[h.n + 1] = &values[h.n + 1];
     if (grid == 0) Py_RETURN_TRUE;
-    int err = cu_launch((void *)(uintptr_t)h.function, (unsigned)grid, 1, 1, h.threads, 1, 1,
-                        h.shared, stream, params, NULL);
+    int err;
+    /* the driver blocks while its launch queue is full: other threads may run meanwhile */
+    Py_BEGIN_ALLOW_THREADS
+    err = cu_launch((void *)(uintptr_t)h.function, (unsigned)grid, 1, 1, h.threads, 1, 1,
+                    h.shared, stream, params, NULL);
+    Py_END_ALLOW_THREADS
     if (err) {
         PyErr_Format(PyExc_RuntimeError, "cuLaunchKernel failed with CUDA error %d", err);
         return NULL;
