@@ -1,6 +1,9 @@
 """The C++ plugin's inline vector math (plugins/cpu_cpp/coil_vecmath.h) through compiled
 kernels, against torch in float64: erf in float32 over a wide sweep and its special values,
-and in bf16/fp16 over every value the type has; GELU(erf) against eager."""
+and in bf16/fp16 over every value the type has; GELU(erf) against eager. Every test runs
+twice on an x86-64 machine with AVX-512: built for the machine (512-bit vectors), and built
+with ``-mno-avx512f`` (the AVX2 code an AVX2-only machine gets; ``tests/test_cpu_isa.py``
+checks that build has no 512-bit vector instruction)."""
 from __future__ import annotations
 
 import pytest
@@ -8,9 +11,17 @@ import torch
 import torch.nn.functional as F
 
 import coil
+import isa
 from conftest import TEST_BACKEND
 
 pytestmark = pytest.mark.skipif(TEST_BACKEND != "cpu_cpp", reason="C++ plugin vector math")
+
+
+@pytest.fixture(autouse=True, params=list(isa.FLAGS))
+def _isa(request):
+    """Build this test's kernels for the machine, then for AVX2 alone."""
+    with isa.built_for(request.param):
+        yield
 
 SPECIALS = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-45, -1e-45, 1e-40, -3e-39,
             1.1754942e-38, -1.1754944e-38, 1e-30, 0.9277343, 0.927734375, 0.9277344, -0.9277344,
