@@ -19,7 +19,7 @@ def idx(e: sympy.Expr) -> str:
     return PRINTER.print(sympy.sympify(e))
 
 
-def for_header(var: str, size: sympy.Expr | str, start: str = "0", step: int = 1) -> str:
+def for_header(var: str, size: sympy.Expr | str, start: str = "0", step: int | str = 1) -> str:
     end = size if isinstance(size, str) else idx(size)
     inc = f"{var}++" if step == 1 else f"{var} += {step}"
     return f"for (int64_t {var} = {start}; {var} < {end}; {inc}) {{"

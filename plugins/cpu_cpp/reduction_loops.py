@@ -42,10 +42,14 @@ if TYPE_CHECKING:
 #: no better; small-size inference of ViT-tiny, BERT, MobileNetV3 and GPT-2 within 1.6%.
 #: Shorter reduced dims of known size get fewer (see ``_lane_count``).
 LANES = 64
-#: Kept points per thread block in the outer schedule: 1 KiB of float per reduced element
-#: was the fastest for ``x.sum(0)`` of 1536x4096 (64, 128 and 512 were slower; with only 8
-#: reduced elements 128 was faster, which is left alone).
-BLOCK = 256
+#: Kept points per thread block in the outer schedule: ``coil::OUTER_BLOCK`` in the header,
+#: sixteen vectors of float for the instruction set the kernel is built for. With AVX-512,
+#: 256 (1 KiB of float per reduced element) was the fastest for ``x.sum(0)`` of 1536x4096
+#: (64, 128 and 512 were slower; with only 8 reduced elements 128 was faster, which is left
+#: alone). Built for AVX2 (``-mno-avx512f`` on the AMD EPYC, one thread, medians of 51 calls,
+#: 2026-12-03), the same sum took 1.207 ms with 256, 0.695 with 128 and 0.901 with 64, while
+#: the AVX-512 build took 0.496 / 0.721 / 0.978.
+BLOCK = "coil::OUTER_BLOCK"
 #: Kernels with at most this many kept points (known statically) use the split schedule,
 #: unless their reduced dims are known to be too short to share among threads: the split
 #: schedule opens a parallel region per kept point (an inactive one still costs a runtime
