@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import coil
 import isa
 from conftest import TEST_BACKEND
 from helpers import check
@@ -93,3 +94,23 @@ def test_depthwise_window_and_a_training_step(built_for):
     for got, want in zip(net.parameters(), ref.parameters()):
         torch.testing.assert_close(got.grad, want.grad, atol=1e-5, rtol=1e-4)
 
+
+
+def test_bf16_round_trip_in_float_lanes(built_for):
+    """``float -> bf16 -> float`` (eager's rounding between two bf16 ops) is one float-lane
+    rounding in the kernel, bit-equal to eager's round trip: 2^22 random bit patterns, the
+    halfway cases, the largest finite values, infinities and NaNs (NaN only as NaN: ATen
+    returns one canonical NaN, Coil keeps the payload)."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.randint(-2**31, 2**31, (1 << 22,), dtype=torch.int64, generator=g).to(torch.int32)
+    special = torch.tensor([0x3f808000, 0x3f818000, 0x3f80_7fff, 0x7f7f_ffff, -0x0080_0001,
+                            0x7f80_0000, -0x0080_0000, 0x7f80_0001, 0x7fc0_0000, 0x0000_8000,
+                            0x0001_8000, 0x0000_0001], dtype=torch.int64).to(torch.int32)
+    x = torch.cat([bits, special]).view(torch.float32)
+    fn = lambda x: x.to(torch.bfloat16).to(torch.float32) * 1.5  # noqa: E731
+    report = coil.explain(fn, x)
+    assert "coil::round_bf16" in report.kernels[0].source
+    want = fn(x)
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(report.result), nan)
+    assert torch.equal(report.result[~nan].view(torch.int32), want[~nan].view(torch.int32))

@@ -51,6 +51,16 @@ inline bf16 to_bf16(float f) {
   return static_cast<bf16>(nan ? quiet_nan : rounded);
 }
 
+// to_float(to_bf16(f)) in float lanes: the same bits, without narrowing to 16 bits and back
+// (the rounding below cannot carry out of 32 bits for any non-NaN input).
+inline float round_bf16(float f) {
+  uint32_t u = bits_as<uint32_t>(f);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  uint32_t quiet_nan = (u | 0x400000u) & 0xffff0000u;
+  bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return bits_as<float>(nan ? quiet_nan : rounded);
+}
+
 inline float to_float(fp16 h) {
   uint32_t bits = static_cast<uint32_t>(h);
   uint32_t body = (bits & 0x7fffu) << 13;  // exponent and mantissa, in float position
