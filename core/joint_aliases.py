@@ -6,8 +6,9 @@ min-cut partitioner cannot see that they are the same tensor: ViT's blocks read 
 output through the alias in the backward and through a transposed copy in the next linear,
 and the partitioner saved both the alias and that copy, where with one node it saves the
 output once and recomputes the copy in the backward (as Inductor's graph does, whose joint
-passes drop such no-ops). On ViT-tiny (batch 64) the copy is 9.2 MiB more at the training
-step's peak than Inductor's. In a functional graph an alias is its input, so each one whose
+passes drop such no-ops): two ViT-tiny blocks traced on the CPU saved 50 tensors against
+Inductor's 48, and save Inductor's 48 with this rewrite (on the H200, ViT-tiny's training
+peak did not move). In a functional graph an alias is its input, so each one whose
 value is read by other ops is replaced by its input; one that is a graph output stays (an
 output must not become a graph input, and its aliasing was described to AOTAutograd)."""
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """``aten.alias`` nodes are taken out of the joint graph before partitioning
 (:mod:`coil.joint_aliases`), so the partitioner sees the attention output as one value: a
 ViT block's forward then saves it once and the backward recomputes its transposed copy (the
-projection's input), as Inductor's graph does, instead of saving both (9.2 MiB at ViT-tiny's
-training peak on the H200)."""
+projection's input), as Inductor's graph does, instead of saving both."""
 from __future__ import annotations
 
 import torch
