@@ -1,10 +1,13 @@
-"""Launching a compiled Triton kernel through the CUDA driver with ctypes.
+"""Launching a compiled Triton kernel through the CUDA driver.
 
 Triton's own launcher is a C extension it builds with the host compiler for each new kernel
 signature, the first time one runs: about half a second each on a cold cache, which would
 dominate a cold compile. The driver call it makes is ``cuLaunchKernel`` with one pointer per
-parameter, which ctypes can make directly: the binary is loaded with Triton's already-built
-driver utilities, and each launch only refreshes the parameter values in place."""
+parameter. Coil makes that call through one C extension for every signature
+(:mod:`.c_launch`, built once per machine), or, where that cannot be built or
+``COIL_TRITON_LAUNCHER=ctypes`` asks, through ctypes: the binary is loaded with Triton's
+already-built driver utilities, and each launch only refreshes the parameter values in
+place."""
 from __future__ import annotations
 
 import ctypes
