@@ -121,7 +121,5 @@ def _launcher(types: list[str]) -> raw_launch.RawLauncher:
     """A ``RawLauncher`` for a made-up binary (its constructor loads a real one on a GPU)."""
     launcher = raw_launch.RawLauncher.__new__(raw_launch.RawLauncher)
     launcher.function, launcher.threads, launcher.shared, launcher.aligned = 0x1230, 64, 0, True
-    launcher.block = raw_launch.Params(types)
-    launcher.launch = raw_launch._cuda().cuLaunchKernel
     launcher.choose_path(types)
     return launcher

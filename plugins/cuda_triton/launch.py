@@ -78,7 +78,7 @@ class Launcher:
         self._raw: dict[tuple[Config, bool], Any] = {}
         self._grids: dict[Config, int] = {}
         self._winners: dict[Any, Config] = {}
-        #: (raw launcher, grid) of a static kernel's winning configuration, once it ran
+        #: (its raw launcher's ``run``, grid) of a static kernel's winning configuration, once it ran
         self._fast: tuple[Any, int] | None = None
         self.static = not src.params[self.n_ptrs:]
         self.cache = autotune.TuneCache()
@@ -296,7 +296,7 @@ class Launcher:
               *cfg.constexprs(self.reduction).values())
 
     def _raw_launcher(self, cfg: Config, aligned: bool) -> Any:
-        """A ctypes launcher for the binary (False when it needs Triton's own)."""
+        """A raw launcher for the binary (False when it needs Triton's own)."""
         b = self.binary(cfg, aligned)
         raw: Any = RawLauncher(b, self.src.types, aligned) if usable(b) else False
         self._raw[(cfg, aligned)] = raw

@@ -124,17 +124,18 @@ class RawLauncher:
         self.threads = 32 * md.num_warps
         self.shared = md.shared
         self.aligned = aligned
-        self.block = Params(types)
-        self.launch = _cuda().cuLaunchKernel
         self.choose_path(types)
 
     def choose_path(self, types: Sequence[str]) -> None:
-        """Bind ``run`` to the C launcher, or to the ctypes path where it is not built."""
+        """Bind ``run`` to the C launcher, or to the ctypes path (its parameter block and the
+        driver function) where it is not built."""
         compiled = c_launch.module(_driver_address) if use_c() else None
         if compiled is not None:
             self.run = functools.partial(compiled.launch,
                                          c_launch.plan(self.function, self.threads, self.shared, self.aligned, types))
         else:
+            self.block = Params(types)
+            self.launch = _cuda().cuLaunchKernel
             self.run = self.run_ctypes
 
     def run_ctypes(self, grid: int, stream: int, args: Sequence[Any]) -> bool:

@@ -198,6 +198,7 @@ class TemplateLauncher:
             return self.fused
         key = self._key(None)
         cached = self.cache.get(key)
+        library = self._library_bound(len(args))
         if cached is None:
             trial = list(args)
             for i in self.mutated:
@@ -212,8 +213,6 @@ class TemplateLauncher:
             bench = (autotune.wall_bench if self.interpret else
                      (lambda call: autotune.cuda_bench(call, reps=3, hold=True)))
 
-            library = self._library_bound(len(trial))
-
             def run(cfg: Config) -> Any:
                 if cfg == LIBRARY:
                     return lambda: library(stream, *trial)
@@ -225,7 +224,7 @@ class TemplateLauncher:
             self.cache.put(key, cached, timings, self.fused.src.name)
         if cached == LIBRARY:
             self.choice = "library"
-            return self._library_bound(len(args))
+            return library
         self.choice = "template"
         self.fused.pin(cached)
         return self.fused
