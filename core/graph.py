@@ -83,8 +83,12 @@ def _target_name(target: Any) -> str:
 
 
 def _should_realize_on_reuse(body: ir.Value, config: Config) -> bool:
-    """Whether a value used more than once costs enough to store rather than recompute."""
-    return (len(ir.loads(body)) > config.realize_reads_threshold
+    """Whether a value used more than once costs enough to store rather than recompute. Reads
+    count by buffer: a body that reads one buffer at several places (a label compared twice, a
+    window's taps) reads it from cache after the first; counting each load stored the one-hot
+    gradient of a cross-entropy, a float32 tensor of tokens x vocabulary, to spare two loads
+    of the labels."""
+    return (len({ld.buffer for ld in ir.loads(body)}) > config.realize_reads_threshold
             or ir.op_count(body) > config.realize_opcount_threshold)
 
 
