@@ -238,3 +238,23 @@ def test_fold_mod_chains_keeps_the_value():
     for e, f in zip(cases, folded):
         for xv in range(0, 500, 7):
             assert e.subs({x: xv, y: 3}) == f.subs({x: xv, y: 3})
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_over_channels_after_a_permute_uses_the_outer_schedule(dtype):
+    """Swin's and Whisper's layer norm over the channels of a channels-first tensor: each row
+    is strided by H*W in the input, contiguous in the output, and the weight and bias are
+    read by channel alone. Those two loads are the same few elements for every row and do
+    not vote for the lanes-over-the-row schedule; the lanes then run along the input's
+    contiguous dim (the outer schedule)."""
+    x = torch.randn(2, 32, 9, 17).to(dtype)
+    w, b = torch.randn(32).to(dtype), torch.randn(32).to(dtype)
+    r = check(lambda x, w, b: F.layer_norm(x.permute(0, 2, 3, 1), (32,), w, b), x, w, b,
+              atol=_tol(dtype), rtol=_tol(dtype))
+    assert len(r.kernels) == 1 and "OUTER_BLOCK" in r.kernels[0].source
+
+
+def test_row_norm_keeps_the_inner_schedule():
+    x, w, b = torch.randn(64, 96), torch.randn(96), torch.randn(96)
+    r = check(lambda x, w, b: F.layer_norm(x, (96,), w, b), x, w, b)
+    assert len(r.kernels) == 1 and "OUTER_BLOCK" not in r.kernels[0].source

@@ -297,3 +297,15 @@ def test_triton_interpreted_cross_entropy_and_one_hot_sum():
         report = check(lambda t, s: (torch.arange(64) == t[:, None]).float().mul(s[:, None]).sum(-1),
                        t, torch.randn(6))
         assert not any(_loops(k.source) for k in report.kernels)
+
+
+def test_shifted_cross_entropy_backward_stores_no_one_hot():
+    """A causal LM's loss, ``cross_entropy(logits[:-1], labels[1:])``: the one-hot gradient
+    (``-1/n`` at each label) is read twice in the backward (its row sum and the softmax
+    term), through loads of the labels and two scalars. Counted by load it passed the
+    lowering's limit of four reads and was stored, a float32 tensor of rows x classes; counted
+    by buffer (three) it is recomputed and the backward is one kernel."""
+    torch.manual_seed(0)
+    x, t = torch.randn(17, 301), _targets(17, 301)
+    kernels = _step_matches(lambda x, t: F.cross_entropy(x[:-1], t[1:]), x, t)
+    assert len(kernels) == 1, [k.name for k in kernels]
