@@ -522,20 +522,14 @@ def node_indices(kn: KernelNode) -> list[sympy.Expr]:
 
 
 def _contiguous_along_x(k: Kernel) -> bool:
-    """Whether more loads have unit stride along the innermost kept dim than along the
-    innermost reduced dim (a column reduction such as ``x.sum(0)``). Loads that no kept dim
-    moves (a norm's weight and bias, indexed by the reduced dim alone) do not vote: every
-    program reads the same few elements from cache. Counting them put a layer norm's
-    statistics over the channels of an NCHW tensor (ConvNeXt's ``LayerNorm2d`` in training)
-    in one-row programs whose loads were H*W elements apart."""
+    """Whether more accesses have unit stride along the innermost kept dim than along the
+    innermost reduced dim (a column reduction such as ``x.sum(0)``)."""
     if not k.x_ranges or not k.r_ranges:
         return False
     x, r = k.x_vars[-1], k.r_vars[-1]
-    kept = set(k.x_vars)
     along_x = along_r = 0
     for kn in k.nodes:
-        for e in [ld.index for ld in _loads(kn.body) if ld.buffer not in k.internal
-                  and (ld.indirect or ld.index.free_symbols & kept)]:
+        for e in [ld.index for ld in _loads(kn.body) if ld.buffer not in k.internal]:
             dx, dr = sympy.diff(e, x), sympy.diff(e, r)
             along_x += dx == 1 and dr != 1
             along_r += dr == 1
