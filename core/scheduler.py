@@ -15,6 +15,7 @@ from . import collectives, config, ir
 from .fusion_pairs import fusion_pairs, tiny
 from .graph import LoweredGraph
 from .loop_order import memory_order, permute
+from .memory_order import MemoryView, deferrable
 from . import templates
 from .kernel import Kernel, KernelNode, Loop, TemplateCall
 from .index_compare import simplify_comparison
@@ -366,7 +367,7 @@ class Scheduler:
         for g in alive:
             for s in succ[g]:
                 indeg[s] += 1
-        memory = _MemoryView(self, alive)
+        memory = MemoryView(self, alive, deferrable(succ))
         # collectives start as early as they can, their waits run when nothing else is ready
         overlap = config.current().collective_overlap
         rank = {g: collectives.order_class(self.nodes[self.groups[g].members[0]], overlap) for g in alive}
@@ -449,49 +450,6 @@ class Scheduler:
         return TemplateCall(node.template, templates.problem_of(node, self._storage), node.name,
                             node.store_index, templates.bias_operand(node, self._storage),
                             node.alpha, node.beta, node.measure, node, unfused)
-
-
-class _MemoryView:
-    """Bytes of the buffers a group would free (it is their last unscheduled reader) and
-    allocate, for :meth:`Scheduler._topo_order`. Only buffers that nodes write, or inputs the
-    wrapper frees (``Scheduler.freed_inputs``), and that are not graph outputs can be freed;
-    symbolic sizes count as 0."""
-
-    def __init__(self, sched: "Scheduler", alive: list[int]) -> None:
-        self.sched = sched
-        outputs = {sched._storage(o.name) for o in sched.graph.outputs if o.name}
-        written = {sched._storage(o) for n in sched.nodes for o in n.outputs()} | sched.freed_inputs
-        self.reads: dict[int, set[str]] = {}
-        self.writes: dict[int, set[str]] = {}
-        self.readers: dict[str, set[int]] = {}
-        self._sizes: dict[str, int] = {}
-        for g in alive:
-            members = sched.groups[g].members
-            self.reads[g] = {sched._storage(r) for i in members for r in sched.reads[i]} & (written - outputs)
-            self.writes[g] = {sched._storage(o) for i in members for o in sched.nodes[i].outputs()}
-            for name in self.reads[g]:
-                self.readers.setdefault(name, set()).add(g)
-
-    def _bytes(self, name: str) -> int:
-        got = self._sizes.get(name)
-        if got is None:
-            buf = self.sched.graph.buffers.get(name)
-            n = (sympy.Mul(*buf.layout.size) if buf.layout.size else sympy.Integer(1)) if buf else sympy.Integer(0)
-            got = self._sizes[name] = int(n) * buf.layout.dtype.itemsize if buf and n.is_number else 0
-        return got
-
-    def priority(self, g: int) -> tuple[int, int]:
-        """Groups that free more than they allocate first, the smallest allocation among them
-        first (memory peaks while a group's outputs and inputs are both alive: a backward's
-        weight gradient that frees a saved activation before the input gradient's matmul
-        allocates the next one); every other group after them, in graph order."""
-        freed = sum(self._bytes(b) for b in self.reads[g] if self.readers.get(b) == {g})
-        allocated = sum(self._bytes(b) for b in self.writes[g] - self.reads[g])
-        return (0, allocated) if freed > allocated else (1, 0)
-
-    def scheduled(self, g: int) -> None:
-        for name in self.reads[g]:
-            self.readers[name].discard(g)
 
 
 def _special_exprs(node: ir.Node) -> list[sympy.Expr]:
