@@ -10,7 +10,9 @@ with two ops of Coil's own, so the partitioner saves the int8 offsets:
 
 - ``coil::max_pool2d_offsets(x, kernel_size, stride, padding, ceil_mode) -> (values, offsets)``
 - ``coil::max_pool2d_offsets_backward(grad, x, kernel_size, stride, padding, ceil_mode,
-  offsets) -> grad_input``
+  offsets) -> grad_input``, and where the input's sizes are static
+  ``coil::max_pool2d_offsets_backward_sized(grad, offsets, input_size, input_stride,
+  kernel_size, stride, padding, ceil_mode)``, which does not hold the input
 
 Both mean exactly what the ATen pair means (undilated windows only); their eager
 implementations call the ATen ops and convert, so a graph that falls back to ATen for either
@@ -86,6 +88,26 @@ def _(grad: torch.Tensor, x: torch.Tensor, kernel_size: list[int], stride: list[
     return aten.max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, [1, 1], ceil_mode, indices)
 
 
+@torch.library.custom_op("coil::max_pool2d_offsets_backward_sized", mutates_args=())
+def max_pool2d_offsets_backward_sized(grad: torch.Tensor, offsets: torch.Tensor, input_size: list[int],
+                                      input_stride: list[int], kernel_size: list[int], stride: list[int],
+                                      padding: list[int], ceil_mode: bool) -> torch.Tensor:
+    """``max_pool2d_offsets_backward`` given the input's size and strides instead of the input,
+    which the gradient does not read: a backward that takes the input keeps it alive (the
+    partitioner saves it, or cannot recompute it), and ResNet's stem saved its ReLU output
+    for this alone (12 MiB at batch 8) where Inductor recomputes it."""
+    x = grad.new_empty_strided(input_size, input_stride)
+    return max_pool2d_offsets_backward(grad, x, kernel_size, stride, padding, ceil_mode, offsets)
+
+
+@max_pool2d_offsets_backward_sized.register_fake
+def _(grad: torch.Tensor, offsets: torch.Tensor, input_size: list[int], input_stride: list[int],
+      kernel_size: list[int], stride: list[int], padding: list[int], ceil_mode: bool) -> torch.Tensor:
+    x = grad.new_empty_strided(input_size, input_stride)
+    indices = torch.empty_like(offsets, dtype=torch.int64)
+    return aten.max_pool2d_with_indices_backward(grad, x, kernel_size, stride, padding, [1, 1], ceil_mode, indices)
+
+
 # ----------------------------------------------------------------------------- the joint-graph pass
 
 
@@ -144,12 +166,11 @@ def narrow_saved_indices(gm: fx.GraphModule) -> int:
         _copy_meta(indices, offsets)
         values.meta["val"], offsets.meta["val"] = pooled.meta["val"]
         for b in backwards:
+            op, op_args = _backward_call(b.args[0], x, kernel, stride, padding, ceil_mode, offsets)
             with graph.inserting_after(b):
-                new = graph.call_function(torch.ops.coil.max_pool2d_offsets_backward.default,
-                                          (b.args[0], x, kernel, stride, padding, ceil_mode, offsets))
+                new = graph.call_function(op, op_args)
             with fake:
-                new.meta["val"] = torch.ops.coil.max_pool2d_offsets_backward.default(
-                    b.args[0].meta["val"], x.meta["val"], kernel, stride, padding, ceil_mode, offsets.meta["val"])
+                new.meta["val"] = op(*(a.meta["val"] if isinstance(a, fx.Node) else a for a in op_args))
             _copy_meta(b, new)
             b.replace_all_uses_with(new)
             graph.erase_node(b)
@@ -163,6 +184,18 @@ def narrow_saved_indices(gm: fx.GraphModule) -> int:
         graph.lint()
         gm.recompile()
     return done
+
+
+def _backward_call(grad: fx.Node, x: fx.Node, kernel: list[int], stride: list[int], padding: list[int],
+                   ceil_mode: bool, offsets: fx.Node) -> tuple[Any, tuple[Any, ...]]:
+    """The offset backward's op and arguments: with the input's size and strides where they
+    are plain ints (so the backward does not hold the input), with the input otherwise."""
+    val = x.meta.get("val")
+    if isinstance(val, torch.Tensor) and all(type(v) is int for v in (*val.shape, *val.stride())):
+        return (torch.ops.coil.max_pool2d_offsets_backward_sized.default,
+                (grad, offsets, list(val.shape), list(val.stride()), kernel, stride, padding, ceil_mode))
+    return (torch.ops.coil.max_pool2d_offsets_backward.default,
+            (grad, x, kernel, stride, padding, ceil_mode, offsets))
 
 
 def _is_own_backward(b: fx.Node, indices: fx.Node, args: tuple[Any, ...]) -> bool:
