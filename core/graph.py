@@ -92,18 +92,33 @@ def _should_realize_on_reuse(body: ir.Value, config: Config) -> bool:
             or ir.op_count(body) > config.realize_opcount_threshold)
 
 
-def _returned_and_combining(node: torch.fx.Node, body: ir.Value) -> bool:
-    """Whether ``node``'s value is a graph output (stored in any case) that combines several
-    buffers. Its other users then read the stored value rather than computing it again from
-    those buffers, which would keep each of them alive until the last such user runs. The
-    residual stream of a transformer trained with autograd is the case: each block's sum is
-    saved for the backward, and when later blocks recomputed it from the branch outputs,
-    DeiT-tiny's forward kept four branches per two blocks alive at once (+30 MiB over
-    Inductor's peak at batch 64). A value that reads one buffer (a batch norm's ``rsqrt`` of
-    its variance) stays inlined: see ``_stored_by_a_user`` for why."""
+def _returned_normalized(node: torch.fx.Node, result: Lazy, body: ir.Value,
+                         buffers: dict[str, ir.Buffer], inputs: set[str]) -> bool:
+    """Whether ``node``'s value is a graph output (stored in any case) that reads a buffer as
+    large as itself and a smaller one computed in the graph (a reduction's result: a norm's
+    mean and ``rsqrt``). Its other users then read the stored value rather than computing it
+    again, which kept the large buffer alive until the last of them ran: DeiT-tiny's forward
+    saves each layer norm's normalized input for the backward, and recomputing it in later
+    kernels kept the norm's float32 input alive (+30 MiB over Inductor's peak at batch 64).
+    Such a value is computed in a pass after its reduction anyway, so storing it there costs
+    no kernel. A value whose smaller operands are graph inputs stays inlined: a
+    convolution's output plus its bias, stored apart from the batch norm's reductions that
+    read it, cost a kernel per layer; nor does a value of one buffer count (a batch norm's
+    ``rsqrt`` of its variance; see ``_stored_by_a_user`` for why)."""
     if not any(user.op == "output" for user in node.users):
         return False
-    return len({ld.buffer for ld in ir.loads(body)}) > 1
+    numel = sympy.Mul(*result.size) if result.size else sympy.Integer(1)
+    large = small = False
+    for name in {ld.buffer for ld in ir.loads(body)}:
+        buf = buffers.get(name)
+        if buf is None:
+            continue
+        size = sympy.Mul(*buf.layout.size) if buf.layout.size else sympy.Integer(1)
+        if size == numel:
+            large = True
+        elif name not in inputs:
+            small = True
+    return large and small
 
 
 #: Nodes of one load's index expression above which the value is stored (see
@@ -298,7 +313,8 @@ class GraphLowering:
             return result
         if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
                                     or _recomputed_inexactly(node, body) or self._stored_by_a_user(node)
-                                    or _returned_and_combining(node, body)):
+                                    or _returned_normalized(node, result, body, self.ctx.buffers,
+                                                           {i.name for i in self.inputs if i.name})):
             return self._store(node, result, body)
         index_size = _index_size(body)
         if index_size > INDEX_SIZE_LIMIT:
