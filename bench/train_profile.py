@@ -15,13 +15,16 @@ Triton sources to ``--out``. On the CPU there is no device time: the rows are th
 self CPU time, Coil's kernels timed by ``profile_kernels``'s ``coil:<kernel>`` ranges and named
 from Coil's report directly (their C++ sources go to ``--out``).
 
-``memory`` (CUDA only; on the CPU it says so and exits with code 2): after the warm-up, one
-step under ``torch.cuda.memory._record_memory_history(stacks="python")``; the trace is replayed
-to find the peak of live bytes above the step's start, and the blocks live at that peak are
-grouped by the frame that allocated them: the innermost Python frame outside torch and Coil's
-own packages, which is ``<coil-wrapper>:LINE call`` for Coil's generated wrapper (with the text
-of that line in each graph's wrapper that has one, since every wrapper shares that file name),
-Inductor's generated module for Inductor, the model's code for eager.
+``memory``: after the warm-up, one step under
+``torch.cuda.memory._record_memory_history(stacks="python")``; the trace is replayed to find the
+peak of live bytes above the step's start, and the blocks live at that peak are grouped by
+the frame that allocated them: the innermost Python frame outside torch and Coil's own
+packages, which is ``<coil-wrapper>:LINE call`` for Coil's generated wrapper (with the text of
+that line in each graph's wrapper that has one, since every wrapper shares that file name),
+Inductor's generated module for Inductor, the model's code for eager. On the CPU the step
+runs under the profiler's memory events instead, and blocks are named by the innermost
+profiler range around their allocation (``bench/cpu_memory.py``); ``--batch N`` keeps the
+first N samples of the inputs (the real widths at a batch the CPU runs in seconds).
 
 ``kernels`` compiles with Coil's graph cache off (``coil.config.override(graph_cache=False)``):
 a graph loaded from that cache skips codegen, so no canonical function would be made and no
@@ -32,7 +35,8 @@ rows go to ``DIR/<model>_<backend>_<mode>.json``, with the sources next to it.
     python3 bench/train_profile.py kernels tv_resnet18 --device cuda --top 25 --out /tmp/prof
     python3 bench/train_profile.py kernels tv_resnet18 --backend inductor --device cuda
     python3 bench/train_profile.py memory hf_gpt2 --device cuda --backend coil --out /tmp/prof
-    python3 bench/train_profile.py kernels tv_resnet18 --device cpu --size small --precision fp32"""
+    python3 bench/train_profile.py kernels tv_resnet18 --device cpu --size small --precision fp32
+    python3 bench/train_profile.py memory timm_deit_tiny --device cpu --batch 8 --backend inductor"""
 from __future__ import annotations
 
 import argparse
@@ -56,6 +60,7 @@ import coil  # noqa: E402
 import coil.report  # noqa: E402
 from models import imports, zoo  # noqa: E402
 from train_side_by_side import make_step  # noqa: E402
+import cpu_memory  # noqa: E402
 
 #: Steps run before profiling: the first compiles (forward and backward), the next ones
 #: catch a recompile and the autotuning done at first launches.
@@ -419,8 +424,8 @@ def print_kernels(result: dict[str, Any]) -> None:
 def print_memory(result: dict[str, Any]) -> None:
     print(f"== {result['model']} {result['backend']} on {result['device']} ({result['precision']}, "
           f"{result['size']}): allocated before the step {result['base_mib']:.0f} MiB; the step's "
-          f"peak above that {result['peak_mib']:.0f} MiB (allocator's count "
-          f"{result['allocator_peak_mib']:.0f}); {result['live_blocks']} blocks live at the peak")
+          f"peak above that {result['peak_mib']:.2f} MiB (allocator's count "
+          f"{result['allocator_peak_mib']:.2f}); {result['live_blocks']} blocks live at the peak")
     if result["trace_full"]:
         print(f"   (the trace kept only its last {MAX_TRACE_ENTRIES} entries: the replay misses "
               f"the step's start)")
@@ -442,23 +447,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=3, help="steps profiled (kernels)")
     parser.add_argument("--top", type=int, default=25, help="rows listed per table")
     parser.add_argument("--out", default="", help="folder for the JSON of the results and the sources")
+    parser.add_argument("--batch", type=int, default=0,
+                        help="keep the first N samples of the inputs (0: the model's own batch)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     has_cuda = device.type == "cuda" and torch.cuda.is_available()
-    if args.mode == "memory" and not has_cuda:
-        parser.error("memory needs CUDA: it replays the CUDA caching allocator's history "
-                     "(torch.cuda.memory._record_memory_history); run it with --device cuda "
-                     "on a machine with a GPU")
     if device.type == "cuda" and not has_cuda:
         parser.error("--device cuda, but torch sees no CUDA device; use --device cpu")
     torch.backends.cudnn.allow_tf32 = False  # as bench/train_side_by_side.py
     began = time.perf_counter()
     built = _build(args.model, args.size, device)
+    if args.batch:
+        built = cpu_memory.slice_batch(built, args.batch)
     if args.mode == "kernels":
         result = profile_kernels(built, args, device)
         print_kernels(result)
     else:
-        result = profile_memory(built, args, device)
+        if device.type == "cpu":
+            step, _ = _warm_step(built, args.backend, device, args.precision == "bf16", lambda: None)
+            result = cpu_memory.profile_memory_cpu(step, args.model, args.backend, args.size,
+                                                   args.precision, args.top)
+        else:
+            result = profile_memory(built, args, device)
         print_memory(result)
     if args.out:
         path = Path(args.out) / f"{args.model}_{args.backend}_{args.mode}.json"

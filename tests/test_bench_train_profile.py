@@ -1,7 +1,8 @@
 """``bench/train_profile.py`` without a GPU: its ``kernels`` mode on the CPU names rows after
 Coil's kernels (``kN_<ops>``, their ATen ops, their graphs) and writes them as JSON with the
 kernels' sources; the GPU's digest -> kernel map, made with the Triton plugin interpreted,
-survives a graph cache that would hit; ``memory`` refuses the CPU with exit code 2; and the
+survives a graph cache that would hit; ``memory`` on the CPU replays the profiler's memory
+events (checked against a step whose peak is known); and the
 GPU-only steps (rows from the profiler's CUDA events, the replay of the allocator's trace) on
 made-up events and a made-up trace."""
 from __future__ import annotations
@@ -77,11 +78,31 @@ def test_digests_named_even_where_the_graph_cache_would_hit(script, tmp_path):
     assert dedup.canonical is original
 
 
-def test_memory_needs_cuda(script, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        script.main(["memory", "tv_resnet18", "--device", "cpu", "--size", "small"])
-    assert exit_info.value.code == 2
-    assert "memory needs CUDA" in capsys.readouterr().err
+def test_memory_on_cpu_finds_a_known_peak():
+    """The CPU replay on a step whose peak is known: two 4 MiB blocks alive at once, then one
+    freed and a 1 MiB one allocated."""
+    cpu_memory = helpers.load_bench("cpu_memory")
+
+    def step() -> None:
+        a = torch.empty(2**20)  # 4 MiB of float32
+        b = torch.empty(2**20)
+        del a
+        c = torch.empty(2**18)
+        del b, c
+
+    result = cpu_memory.profile_memory_cpu(step, "m", "eager", "small", "fp32", top=5)
+    assert abs(result["peak_mib"] - 8.0) < 0.01, result
+    assert result["live_blocks"] == 2 and result["live_sizes"] == [2**22, 2**22], result
+    assert all(g["where"].startswith("aten::") for g in result["groups"]), result["groups"]
+
+
+def test_memory_on_cpu_runs_a_zoo_model(script, capsys):
+    imports.import_optional("torchvision")
+    pytest.importorskip("torchvision")
+    script.main(["memory", "tv_resnet18", "--device", "cpu", "--size", "small", "--precision", "fp32",
+                 "--batch", "1", "--top", "5"])
+    text = capsys.readouterr().out
+    assert "== tv_resnet18 coil on cpu (fp32, small)" in text and "blocks live at the peak" in text, text
 
 
 def _alloc(addr: int, size: int, *frames: tuple[str, int]) -> dict:
