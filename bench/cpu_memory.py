@@ -42,9 +42,9 @@ def slice_batch(built: Any, n: int) -> Any:
                                loss_fn=loss_fn)
 
 
-def replay(events: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]], int]:
+def replay(events: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]], dict[str, Any] | None]:
     """Chrome-trace events -> (peak bytes since the first memory event, the allocation events
-    live at the peak, the index of the event that reached it among the memory events)."""
+    live at the peak, the memory event that reached it)."""
     memory = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
     current = peak = 0
     at = -1
@@ -58,7 +58,7 @@ def replay(events: list[dict[str, Any]]) -> tuple[int, list[dict[str, Any]], int
             live[e["args"]["Addr"]] = e
         else:
             live.pop(e["args"]["Addr"], None)
-    return peak, list(live.values()), at
+    return peak, list(live.values()), memory[at] if at >= 0 else None
 
 
 def enclosing(events: list[dict[str, Any]]) -> Callable[[float], str]:
@@ -86,7 +86,7 @@ def profile_memory_cpu(step: Callable[[], None], model: str, backend: str, size:
             events = json.load(f)["traceEvents"]
     finally:
         os.unlink(path)
-    peak, live, at = replay(events)
+    peak, live, peak_event = replay(events)
     name = enclosing(events)
     sizes: dict[str, int] = {}
     counts: dict[str, int] = {}
@@ -96,9 +96,9 @@ def profile_memory_cpu(step: Callable[[], None], model: str, backend: str, size:
         counts[where] = counts.get(where, 0) + 1
     groups = [{"where": w, "mib": b / 2**20, "blocks": counts[w], "lines": {}}
               for w, b in sorted(sizes.items(), key=lambda kv: -kv[1])[:top]]
-    memory = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
     return {"model": model, "backend": backend, "device": "cpu", "size": size, "precision": precision,
             "base_mib": 0.0, "peak_mib": peak / 2**20, "allocator_peak_mib": peak / 2**20,
-            "live_blocks": len(live), "trace_entries": len(memory), "trace_full": False,
+            "live_blocks": len(live), "trace_entries": sum(e.get("name") == "[memory]" for e in events),
+            "trace_full": False,
             "groups": groups, "live_sizes": sorted((e["args"]["Bytes"] for e in live), reverse=True),
-            "peak_frame": name(memory[at]["ts"]) if at >= 0 else ""}
+            "peak_frame": name(peak_event["ts"]) if peak_event else ""}

@@ -107,14 +107,13 @@ def _returned_normalized(node: torch.fx.Node, result: Lazy, body: ir.Value,
     ``rsqrt`` of its variance; see ``_stored_by_a_user`` for why)."""
     if not any(user.op == "output" for user in node.users):
         return False
-    numel = sympy.Mul(*result.size) if result.size else sympy.Integer(1)
+    numel = ir.sympy_product(result.size)
     large = small = False
     for name in {ld.buffer for ld in ir.loads(body)}:
         buf = buffers.get(name)
         if buf is None:
             continue
-        size = sympy.Mul(*buf.layout.size) if buf.layout.size else sympy.Integer(1)
-        if size == numel:
+        if buf.layout.numel == numel:
             large = True
         elif name not in inputs:
             small = True
@@ -189,6 +188,8 @@ class GraphLowering:
         self.ctx = LoweringContext(config)
         self.env: dict[torch.fx.Node, Any] = {}
         self.inputs: list[GraphInput] = []
+        #: Names of the tensor inputs' buffers (``_returned_normalized`` asks per value).
+        self.input_names: set[str] = set()
         self.symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = {}
         self.constants: dict[str, torch.Tensor] = {}
 
@@ -234,6 +235,7 @@ class GraphLowering:
         layout = Layout(example.dtype, example.device, size, stride, sympy.Integer(0))
         self.ctx.add_buffer(name, layout, storage_offset=to_sympy(example.storage_offset()))
         self.inputs.append(GraphInput(position, name))
+        self.input_names.add(name)
         return Realized(example.dtype, example.device, size, name, layout)
 
     def _get_attr(self, node: torch.fx.Node) -> Any:
@@ -314,7 +316,7 @@ class GraphLowering:
         if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
                                     or _recomputed_inexactly(node, body) or self._stored_by_a_user(node)
                                     or _returned_normalized(node, result, body, self.ctx.buffers,
-                                                           {i.name for i in self.inputs if i.name})):
+                                                           self.input_names)):
             return self._store(node, result, body)
         index_size = _index_size(body)
         if index_size > INDEX_SIZE_LIMIT:
