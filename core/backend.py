@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import compile_agreement, joint_aliases, plugins
+from . import collect, compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph
@@ -82,6 +82,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
                                        cfg.compile_agreement, lambda: compile_graph(graph, inputs, cfg, kind))
         fn = torch._disable_dynamo(fn)
         fn._boxed_call = True  # the wrapper takes the argument list (AOTAutograd's boxed convention)
+        if kind == "backward":
+            collect.after_backward_compile()
         return fn
 
     # DDPOptimizer (Dynamo's graph splitting under DDP) reads this counter to learn that
@@ -89,7 +91,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     # compile time; without it that first call comes at run time and returns fakes to the user
     torch._dynamo.utils.counters["aot_autograd"]["total"] += 1
     # under torch.distributed, one rank's failed compile fails every rank (coil.compile_agreement)
-    return compile_agreement.guarded(
+    return collect.collecting(compile_agreement.guarded(
         "a Dynamo graph", lambda: compile_agreement.graph_digest(gm, example_inputs), cfg.compile_agreement,
         lambda: aot_module_simplified(
             gm, example_inputs,
@@ -99,4 +101,4 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
             decompositions=table(),
             partition_fn=_partition_fn(),
             keep_inference_input_mutations=True,
-        ))
+        )))

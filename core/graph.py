@@ -94,30 +94,31 @@ def _should_realize_on_reuse(body: ir.Value, config: Config) -> bool:
 
 def _returned_normalized(node: torch.fx.Node, result: Lazy, body: ir.Value,
                          buffers: dict[str, ir.Buffer], inputs: set[str]) -> bool:
-    """Whether ``node``'s value is a graph output (stored in any case) that reads a buffer as
-    large as itself and a smaller one computed in the graph (a reduction's result: a norm's
-    mean and ``rsqrt``). Its other users then read the stored value rather than computing it
-    again, which kept the large buffer alive until the last of them ran: DeiT-tiny's forward
-    saves each layer norm's normalized input for the backward, and recomputing it in later
-    kernels kept the norm's float32 input alive (+30 MiB over Inductor's peak at batch 64).
-    Such a value is computed in a pass after its reduction anyway, so storing it there costs
-    no kernel. A value whose smaller operands are graph inputs stays inlined: a
-    convolution's output plus its bias, stored apart from the batch norm's reductions that
+    """Whether ``node``'s value is a graph output (stored in any case) that reads a smaller
+    buffer computed in the graph (a reduction's result: a norm's mean and ``rsqrt``; a patch
+    embedding's convolution output, which a token concatenation reads) together with a
+    buffer as large as itself or any other. Its other users then read the stored value
+    rather than computing it again, which kept the buffers it reads alive until the last of
+    them ran: DeiT-tiny's forward saves each layer norm's normalized input for the
+    backward, and recomputing it in later kernels kept the norm's float32 input alive (+30
+    MiB over Inductor's peak at batch 64); recomputing its token concatenation (class and
+    distillation tokens, patch embeddings, position embeddings) kept the patch embedding's
+    output alive. Such a value is computed in a pass after its reduction anyway, so storing
+    it there costs no kernel. A value whose smaller operands are graph inputs stays inlined:
+    a convolution's output plus its bias, stored apart from the batch norm's reductions that
     read it, cost a kernel per layer; nor does a value of one buffer count (a batch norm's
     ``rsqrt`` of its variance; see ``_stored_by_a_user`` for why)."""
     if not any(user.op == "output" for user in node.users):
         return False
     numel = ir.sympy_product(result.size)
     large = small = False
-    for name in {ld.buffer for ld in ir.loads(body)}:
-        buf = buffers.get(name)
-        if buf is None:
-            continue
-        if buf.layout.numel == numel:
+    read = [name for name in {ld.buffer for ld in ir.loads(body)} if name in buffers]
+    for name in read:
+        if buffers[name].layout.numel == numel:
             large = True
         elif name not in inputs:
             small = True
-    return large and small
+    return small and (large or len(read) > 1)
 
 
 #: Nodes of one load's index expression above which the value is stored (see

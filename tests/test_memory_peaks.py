@@ -4,7 +4,8 @@ the wrapper Coil generates and against eager.
 * A graph output computed from a large buffer and a reduction's result (a norm's normalized
   input, saved for the backward) is stored once, and its later users read the store
   (``coil.graph._returned_normalized``). Recomputing it in each later kernel kept the large
-  buffer alive: DeiT-tiny's forward peaked 30 MiB above Inductor's on the H200.
+  buffer alive: DeiT-tiny's forward peaked 30 MiB above Inductor's on the H200. The same
+  holds for a concatenation of tokens that reads a patch embedding's output.
 * A step near the end of a chain that only adds memory (a classifier's weight gradient)
   runs when nothing else is ready (``coil.memory_order.deferrable``): MobileNetV2's backward
   computed its 1000 x 1280 float32 weight gradient first and held it through the rest."""
@@ -70,6 +71,29 @@ def test_a_returned_normalized_value_is_read_back_after_a_library_call():
     after = _after_the_matmul(_centered_and_after, torch.randn(64, 48), torch.randn(48, 48))
     # the kernel after the matmul reads the stored value, not the input it centres
     assert all("arg0" not in reads for reads in after), after
+
+
+def _tokens_and_after(x, w0, cls, pos, w):
+    p = x @ w0  # a library call's output, smaller than the tokens (a patch embedding)
+    t = torch.cat([cls.expand(x.shape[0], -1, -1), p], 1) + pos
+    h = torch.softmax(t, -1) @ w
+    return t, h + t
+
+
+def test_a_returned_token_concatenation_is_read_back_after_a_library_call():
+    torch.manual_seed(0)
+    args = (torch.randn(8, 16, 32), torch.randn(32, 32), torch.randn(1, 1, 32), torch.randn(1, 17, 32),
+            torch.randn(32, 32))
+    out, reports = _compiled_reports(_tokens_and_after, *args)
+    for got, want in zip(out, _tokens_and_after(*args)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    lines = reports[0].wrapper_source.splitlines()
+    calls = [(i, m.group(1)) for i, line in enumerate(lines) if (m := re.match(r"\s*(buf\d+) = c\d+\(", line))]
+    assert len(calls) >= 2, "\n".join(lines)
+    embedded, last = calls[0][1], calls[-1][0]
+    after = [reads for i, reads in _kernel_args(lines) if i > last]
+    # the kernel after the second matmul reads the stored tokens, not the embedding again
+    assert after and all(embedded not in reads for reads in after), "\n".join(lines)
 
 
 def test_a_returned_value_with_a_broadcast_input_stays_inlined():
