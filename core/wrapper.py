@@ -63,7 +63,15 @@ def allocator(device: torch.device) -> Callable[[Sequence[Any], Sequence[Any], t
 
 
 def restride(t: torch.Tensor, size: Sequence[Any], stride: Sequence[Any]) -> torch.Tensor:
-    """``t`` copied into the layout the generated code expects."""
+    """``t`` copied into the layout the generated code expects. A layout with a stride of 0
+    (an expanded tensor, such as BERT's position ids saved for the embedding's backward)
+    holds one copy of the repeated values: the first slice of ``t`` along those dims, which
+    the graph's metadata says is repeated."""
+    repeated = [d for d, (n, s) in enumerate(zip(size, stride)) if s == 0 and n != 1]
+    if repeated:
+        first = t[tuple(slice(0, 1) if d in repeated else slice(None) for d in range(t.dim()))]
+        compact = [1 if d in repeated else n for d, n in enumerate(size)]
+        return restride(first, compact, stride).expand(size)
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out

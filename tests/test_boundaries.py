@@ -169,6 +169,22 @@ def test_backward_graph_inputs_in_an_unexpected_layout_are_copied():
     torch.testing.assert_close(got, bw(*example)[0])
 
 
+def test_a_backward_input_expected_expanded_is_copied_once():
+    """A backward graph compiled for an expanded input (stride 0: BERT's position ids, saved
+    for the embedding's backward) that arrives materialised: copying it into the expanded
+    layout would write one element from several; its first slice is copied and expanded."""
+    from coil.compile import compile_graph
+
+    def bw(ids, grad):
+        return (grad * ids.to(grad.dtype),)
+
+    example = (torch.arange(16).expand(3, 16), torch.randn(3, 16))
+    gm = torch.fx.experimental.proxy_tensor.make_fx(bw)(*example)
+    fn = compile_graph(gm, list(example), coil.config.get(), "backward")
+    (got,) = fn([example[0].contiguous(), example[1]])
+    torch.testing.assert_close(got, bw(*example)[0])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(2, 2), (37, 53)])
 def test_selected_values_of_a_library_function_are_not_recomputed(dtype, shape):

@@ -133,3 +133,47 @@ def test_a_weight_gradient_that_only_adds_memory_runs_last():
     assert freed < head_grad, "\n".join(lines)
     # one of the two 1 MiB blocks at a time, plus the small ones
     assert backward.peak_bytes < 1.5 * 2**20, backward.peak_bytes
+
+
+class _Rms(torch.nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        h = h.float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+class _FirstLayer(torch.nn.Module):
+    """An embedding, one residual block and a head, as a decoder's first layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.n1, self.n2 = torch.nn.Embedding(1000, 64), _Rms(64), _Rms(64)
+        self.proj, self.head = torch.nn.Linear(64, 64, bias=False), torch.nn.Linear(64, 1000, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        return self.head(self.n2(x + self.proj(self.n1(x))))
+
+
+def test_the_first_residual_sum_is_recomputed_not_saved_in_float32():
+    """With ``aten.embedding`` decomposed into an ``aten.index`` of the whole table, the
+    partitioner saved the first residual sum (float32) where Inductor saves the projection's
+    bf16 output and recomputes the sum (the Qwen2-like: 14 MiB at batch 16)."""
+    torch.manual_seed(0)
+    net = _FirstLayer()
+    ids = torch.randint(0, 1000, (2, 32))
+    fn = torch.compile(net, backend="coil")
+    saved: list[tuple[tuple[int, ...], torch.dtype]] = []
+    torch._dynamo.reset()
+    with config.override(graph_cache=False), torch.autocast("cpu", dtype=torch.bfloat16):
+        fn(ids)
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append((tuple(t.shape), t.dtype)) or t,
+                                                      lambda t: t):
+            out = fn(ids)
+        with torch.no_grad():
+            torch.testing.assert_close(out, net(ids), rtol=2e-2, atol=2e-2)
+    # the embedding's output only (the first norm's backward reads it)
+    assert saved.count(((2, 32, 64), torch.float32)) == 1, saved
