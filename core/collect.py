@@ -22,7 +22,7 @@ from typing import Any, Callable
 log = logging.getLogger(__name__)
 
 _pending = False
-#: Collections run so far (for tests and ``coil.explain``'s readers).
+#: Collections run so far in this process (the tests read it).
 collections = 0
 
 
