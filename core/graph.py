@@ -92,14 +92,14 @@ def _should_realize_on_reuse(body: ir.Value, config: Config) -> bool:
             or ir.op_count(body) > config.realize_opcount_threshold)
 
 
-def _returned_normalized(node: torch.fx.Node, result: Lazy, body: ir.Value,
-                         buffers: dict[str, ir.Buffer], inputs: set[str]) -> bool:
+def _stored_where_returned(node: torch.fx.Node, result: Lazy, body: ir.Value,
+                           buffers: dict[str, ir.Buffer], inputs: set[str]) -> bool:
     """Whether ``node``'s value is a graph output (stored in any case) that reads a smaller
     buffer computed in the graph (a reduction's result: a norm's mean and ``rsqrt``; a patch
-    embedding's convolution output, which a token concatenation reads) together with a
-    buffer as large as itself or any other. Its other users then read the stored value
-    rather than computing it again, which kept the buffers it reads alive until the last of
-    them ran: DeiT-tiny's forward saves each layer norm's normalized input for the
+    embedding's convolution output, which a token concatenation reads) together with any
+    other buffer (a norm's input, as large as the value). Its other users then read the
+    stored value rather than computing it again, which kept the buffers it reads alive until
+    the last of them ran: DeiT-tiny's forward saves each layer norm's normalized input for the
     backward, and recomputing it in later kernels kept the norm's float32 input alive (+30
     MiB over Inductor's peak at batch 64); recomputing its token concatenation (class and
     distillation tokens, patch embeddings, position embeddings) kept the patch embedding's
@@ -111,14 +111,9 @@ def _returned_normalized(node: torch.fx.Node, result: Lazy, body: ir.Value,
     if not any(user.op == "output" for user in node.users):
         return False
     numel = ir.sympy_product(result.size)
-    large = small = False
     read = [name for name in {ld.buffer for ld in ir.loads(body)} if name in buffers]
-    for name in read:
-        if buffers[name].layout.numel == numel:
-            large = True
-        elif name not in inputs:
-            small = True
-    return small and (large or len(read) > 1)
+    return len(read) > 1 and any(name not in inputs and buffers[name].layout.numel != numel
+                                 for name in read)
 
 
 #: Nodes of one load's index expression above which the value is stored (see
@@ -189,7 +184,7 @@ class GraphLowering:
         self.ctx = LoweringContext(config)
         self.env: dict[torch.fx.Node, Any] = {}
         self.inputs: list[GraphInput] = []
-        #: Names of the tensor inputs' buffers (``_returned_normalized`` asks per value).
+        #: Names of the tensor inputs' buffers (``_stored_where_returned`` asks per value).
         self.input_names: set[str] = set()
         self.symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = {}
         self.constants: dict[str, torch.Tensor] = {}
@@ -316,8 +311,8 @@ class GraphLowering:
             return result
         if len(node.users) > 1 and (_should_realize_on_reuse(body, self.ctx.config)
                                     or _recomputed_inexactly(node, body) or self._stored_by_a_user(node)
-                                    or _returned_normalized(node, result, body, self.ctx.buffers,
-                                                           self.input_names)):
+                                    or _stored_where_returned(node, result, body, self.ctx.buffers,
+                                                              self.input_names)):
             return self._store(node, result, body)
         index_size = _index_size(body)
         if index_size > INDEX_SIZE_LIMIT:

@@ -3,7 +3,7 @@ the wrapper Coil generates and against eager.
 
 * A graph output computed from a large buffer and a reduction's result (a norm's normalized
   input, saved for the backward) is stored once, and its later users read the store
-  (``coil.graph._returned_normalized``). Recomputing it in each later kernel kept the large
+  (``coil.graph._stored_where_returned``). Recomputing it in each later kernel kept the large
   buffer alive: DeiT-tiny's forward peaked 30 MiB above Inductor's on the H200. The same
   holds for a concatenation of tokens that reads a patch embedding's output.
 * A step near the end of a chain that only adds memory (a classifier's weight gradient)
@@ -66,7 +66,7 @@ def _after_the_matmul(fn, *args: torch.Tensor) -> list[set[str]]:
     return after
 
 
-def test_a_returned_normalized_value_is_read_back_after_a_library_call():
+def test_a_stored_where_returned_value_is_read_back_after_a_library_call():
     torch.manual_seed(0)
     after = _after_the_matmul(_centered_and_after, torch.randn(64, 48), torch.randn(48, 48))
     # the kernel after the matmul reads the stored value, not the input it centres
