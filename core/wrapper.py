@@ -278,6 +278,11 @@ class WrapperWriter:
             self.w.line(f"r_{node.name} = {call}")
             for name, path in zip(node.output_names, node.output_paths):
                 self.w.line(f"{name} = r_{node.name}{''.join(f'[{p}]' for p in path)}")
+            # the result's tuple would hold every output to the end of the call, each one's
+            # memory too after its name is deleted (a convolution's input gradient, written
+            # over by the next kernels in place: EfficientNet-B0's backward kept eleven of
+            # them, 64 MiB, through its peak)
+            self.w.line(f"del r_{node.name}")
         for name, layout in zip(node.output_names, node.output_layouts):
             for dim, n in enumerate(layout.size if layout else ()):
                 if isinstance(n, sympy.Symbol) and n.name not in self.bound:
