@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import capture, collectives, graph_cache, plugins, progress, selfcheck, templates
+from . import capture, collectives, donation, graph_cache, plugins, progress, selfcheck, templates
 from .sdk import versions
 from .sdk.backend import ConvolutionInfo
 from .config import Config
@@ -132,7 +132,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
-    key = graph_cache.key_for(gm, example_inputs, config, kind, reg)  # before passes rewrite gm
+    donated = donation.donated_positions(kind, example_inputs, config)
+    key = graph_cache.key_for(gm, example_inputs, config, kind, reg, donated)  # before passes rewrite gm
     hit = graph_cache.load(key, reg, kind, lambda: f"graph{next(_graph_ids)}") if key else None
     mutates = capture.mutates_inputs(gm)  # before passes rewrite gm
     static = capture.static_input_indices()
@@ -192,8 +193,11 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     line.stage("codegen+compile", graph=name)
     keep = {o.name for o in lowered.outputs if o.name} | collectives.unwaited(sched.steps)
     inputs = {i.name for i in lowered.inputs if i.name} | set(lowered.constants)
+    written = {b.storage for b in lowered.buffers.values() if b.storage}  # input mutations
     plan = plan_memory(sched.steps, lowered.buffers, keep, inputs, _hint_fn(example_inputs),
-                       _inplace_policy(reg, config), release={i.name for i in lowered.inputs if i.name})
+                       _inplace_policy(reg, config), release={i.name for i in lowered.inputs if i.name},
+                       donated={i.name for i in lowered.inputs
+                                if i.name and i.position in donated and i.name not in written})
     sched.steps = with_inplace(sched.steps, plan)
     kernels = [s for s in sched.steps if isinstance(s, Kernel)]
     by_device: dict[str, list[Kernel]] = {}
@@ -243,7 +247,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         obs(report)
     if reference is not None:
         fn = selfcheck.checked(fn, selfcheck.CheckedGraph.of(
-            name, kind, reference, lowered, sched.steps, example_inputs, config.debug_dir))
+            name, kind, reference, lowered, sched.steps, example_inputs, config.debug_dir, donated))
     return fn
 
 

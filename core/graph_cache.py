@@ -73,13 +73,14 @@ def _store() -> DiskCache:
 
 
 def key_for(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config, kind: str,
-            reg: Any) -> Ticket | None:
-    """The graph's key, or None when it is not to be cached (the log says why)."""
+            reg: Any, donated: tuple[int, ...] = ()) -> Ticket | None:
+    """The graph's key, or None when it is not to be cached (the log says why); ``donated``:
+    the inputs whose memory the graph may take over (:mod:`coil.donation`)."""
     reason = ("the graph_cache knob is off" if not config.graph_cache else
               "self-check mode" if config.check else None)
     if reason is None:
         try:
-            key = graph_key(gm, example_inputs, config, kind, reg)
+            key = graph_key(gm, example_inputs, config, kind, reg, donated)
         except Uncacheable as exc:
             reason = str(exc)
         except Exception as exc:  # noqa: BLE001 - the cache never fails a compile

@@ -10,7 +10,8 @@ codegen, so the key covers every input of those steps:
   tensors by a hash of their contents;
 * ``inputs``: the example inputs (dtype, sizes or symbols, strides, storage offset, device,
   requires_grad) and ``symbols``: the value range the shape environment gives each symbol;
-* ``kind`` (forward, backward, inference) and ``config``: every knob of :class:`Config`
+* ``kind`` (forward, backward, inference), ``donated``: the backward's inputs whose memory
+  it may take over (:mod:`coil.donation`), and ``config``: every knob of :class:`Config`
   except those that only say where files go or how progress shows (:data:`NOT_IN_KEY`);
 * ``plugins`` (name, version, declared API), ``backends`` (for each device the graph uses:
   backend class, provider, ``options_key()``, ``capabilities.cache_key()``,
@@ -361,8 +362,9 @@ def source_digest(reg: Any) -> str:
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config, kind: str,
-              reg: Any) -> GraphKey:
-    """The key of compiling ``gm`` as ``kind`` under ``config`` with the plugins of ``reg``;
+              reg: Any, donated: Sequence[int] = ()) -> GraphKey:
+    """The key of compiling ``gm`` as ``kind`` under ``config`` with the plugins of ``reg``,
+    its inputs at ``donated`` free to be taken over (:mod:`coil.donation`);
     :class:`Uncacheable` when the graph has no canonical form."""
     devices = devices_of(gm, example_inputs)
     parts = {
@@ -371,6 +373,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: C
         "inputs": inputs_text(example_inputs),
         "symbols": symbols_text(gm, example_inputs),
         "kind": kind,
+        "donated": ",".join(str(i) for i in donated),
         "config": config_text(config),
         "plugins": _plugins_text(reg),
         "backends": "\n".join(backend_text(reg, d) for d in devices),

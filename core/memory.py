@@ -104,19 +104,23 @@ def _liveness(steps: Sequence[object], keep: set[str]) -> _Liveness:
 
 def plan_memory(steps: Sequence[object], buffers: dict[str, ir.Buffer], keep: set[str],
                 inputs: set[str], hint: Callable[[sympy.Expr], int],
-                inplace: InplacePolicy | None = None, release: set[str] = frozenset()) -> MemoryPlan:
+                inplace: InplacePolicy | None = None, release: set[str] = frozenset(),
+                donated: set[str] = frozenset()) -> MemoryPlan:
     """``keep``: buffers that must survive the call (graph outputs); ``inputs``: the graph's
-    input buffers (never allocated, never taken over); ``inplace``: which kernels may write
-    over their dying inputs (None: none), the pairs of the kernels that do in
-    ``MemoryPlan.kernel_inplace`` (:func:`with_inplace` puts them on the kernels);
+    input buffers (never allocated, never taken over, except ``donated`` ones); ``inplace``:
+    which kernels may write over their dying inputs (None: none), the pairs of the kernels
+    that do in ``MemoryPlan.kernel_inplace`` (:func:`with_inplace` puts them on the kernels);
     ``release``: inputs whose name the wrapper drops after their last use (the arguments of a
     boxed call, which the wrapper holds alone once it clears the list: a backward graph's
-    saved activations), so their memory goes as soon as nothing needs it."""
+    saved activations), so their memory goes as soon as nothing needs it; ``donated``: inputs
+    of ``release`` whose memory a later buffer may take over once they die, as it takes over a
+    dead kernel output (:mod:`coil.donation` says which)."""
     live = _liveness(steps, keep)
+    donated = set(donated) & set(release)
     # pass 1 learns which dead buffers a later step takes over; pass 2 frees the others at once
     taken: set[str] = set()
-    _Planner(steps, buffers, inputs, hint, inplace, live, None).run(taken)
-    plan = _Planner(steps, buffers, inputs, hint, inplace, live, taken).run(set())
+    _Planner(steps, buffers, inputs, hint, inplace, live, None, donated).run(taken)
+    plan = _Planner(steps, buffers, inputs, hint, inplace, live, taken, donated).run(set())
     _release_inputs(plan, steps, buffers, set(release), live.protected)
     return plan
 
@@ -134,7 +138,9 @@ def _release_inputs(plan: MemoryPlan, steps: Sequence[object], buffers: dict[str
         for name in step_reads(step) | set(step_writes(step)):
             last[storage(name)] = i
     kept = {storage(name) for name in protected}
-    for name in sorted(release - kept):
+    # a donated input a buffer took over is deleted where that buffer took it
+    handed = {name for names in plan.frees for name in names}
+    for name in sorted(release - kept - handed):
         if name in last:
             plan.frees[last[name]].append(name)
 
@@ -142,8 +148,10 @@ def _release_inputs(plan: MemoryPlan, steps: Sequence[object], buffers: dict[str
 class _Planner:
     def __init__(self, steps: Sequence[object], buffers: dict[str, ir.Buffer], inputs: set[str],
                  hint: Callable[[sympy.Expr], int], policy: InplacePolicy | None,
-                 live: _Liveness, will_be_taken: set[str] | None) -> None:
+                 live: _Liveness, will_be_taken: set[str] | None, donated: set[str]) -> None:
         self.steps, self.buffers, self.inputs, self.hint = steps, buffers, inputs, hint
+        #: Inputs whose memory may be taken over once they die (:mod:`coil.donation`).
+        self.donated = donated
         self.policy, self.live = policy, live
         #: Dead buffers a later step takes over (None: hold every dead buffer, pass 1).
         self.will_be_taken = will_be_taken
@@ -178,7 +186,9 @@ class _Planner:
         out = []
         for name in step.inputs:
             buf = self.buffers.get(name)
-            if buf is None or buf.storage or name in self.inputs or self.live.last_use.get(name) != i:
+            if buf is None or buf.storage or self.live.last_use.get(name) != i:
+                continue
+            if name in self.inputs and name not in self.donated:
                 continue
             if name in self.live.protected or name in self.live.aliased or name in self.handed_over:
                 continue
@@ -227,8 +237,13 @@ class _Planner:
         for name in dict.fromkeys(step_writes(step) + sorted(step_reads(step))):
             if self.live.last_use.get(name) != i or name in self.live.protected or name not in self.buffers:
                 continue
-            if self.buffers[name].storage or name in self.inputs or name in self.handed_over:
+            if self.buffers[name].storage or name in self.handed_over:
                 continue
+            if name in self.inputs:
+                if name in self.donated and name not in self.live.aliased and (
+                        self.will_be_taken is None or name in self.will_be_taken):
+                    self.pool.setdefault(self.key(self.buffers[name].layout), []).append(name)
+                continue  # else the wrapper drops its name (_release_inputs)
             if name in self.owned and (self.will_be_taken is None or name in self.will_be_taken):
                 # kept alive for a later buffer of the same size class to take over
                 self.pool.setdefault(self.key(self.buffers[name].layout), []).append(name)

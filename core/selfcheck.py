@@ -370,13 +370,17 @@ class CheckedGraph:
     unchecked: dict[int, str] = field(default_factory=dict)
     #: Whether the eager run must leave the random generators as it found them.
     seeded: bool = False
+    #: Inputs whose memory the compiled graph may reuse (:mod:`coil.donation`): not compared
+    #: after the call.
+    donated: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, name: str, kind: str, reference: torch.fx.GraphModule, lowered: LoweredGraph,
-           steps: Sequence[object], example_inputs: Sequence[Any], debug_dir: str) -> "CheckedGraph":
+           steps: Sequence[object], example_inputs: Sequence[Any], debug_dir: str,
+           donated: tuple[int, ...] = ()) -> "CheckedGraph":
         return cls(name, kind, reference, producers(lowered, steps), mutated_inputs(reference),
                    [_symbolic_spec(v) for v in example_inputs], debug_dir,
-                   unchecked_outputs(reference), seeded_ops(reference))
+                   unchecked_outputs(reference), seeded_ops(reference), donated)
 
 
 def _symbolic_spec(value: Any) -> Any:
@@ -452,7 +456,7 @@ def _mismatches(graph: CheckedGraph, actual: list[Any], expected: list[Any], inp
             who = graph.producers.outputs[i] if i < len(graph.producers.outputs) else Producer("value", "?")
             out.append(Mismatch(i, f"output {i}", *diff, who))
     for i, (a, e) in enumerate(zip(inputs, eager_inputs)):
-        if not isinstance(a, torch.Tensor):
+        if not isinstance(a, torch.Tensor) or i in graph.donated:
             continue
         diff = compare(a, e)
         if diff is not None:

@@ -157,6 +157,15 @@ def test_requires_grad_and_the_graph_kind_are_in_the_key(cache):
     assert len({k.digest for k in keys.values()}) == 3
 
 
+def test_the_donated_inputs_are_in_the_key():
+    # a backward compiled to write over its saved tensors must not serve a call that keeps them
+    x = torch.randn(4, 8)
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    keys = {donated: graph_key.graph_key(gm, [x], config.get(), "backward", plugins.registry(), donated)
+            for donated in ((), (0,))}
+    assert keys[()].digest != keys[(0,)].digest
+
+
 def test_knobs_are_in_the_key_and_paths_are_not(cache, tmp_path_factory):
     x = torch.randn(4, 8)
     assert not _cached(_f, x)
