@@ -29,6 +29,7 @@ import collections
 from typing import Any, Sequence
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from .config import Config
 
@@ -49,7 +50,6 @@ def donated_positions(kind: str, example_inputs: Sequence[Any], config: Config) 
 
 
 def _storage(t: torch.Tensor) -> Any:
-    from torch.multiprocessing.reductions import StorageWeakRef
     return StorageWeakRef(t.untyped_storage())
 
 

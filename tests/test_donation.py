@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import types
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -97,9 +96,8 @@ def test_only_inputs_that_own_their_whole_storage_are_donated(monkeypatch):
     assert _donated([], inputs, monkeypatch) == ()
 
 
-@pytest.mark.parametrize("mode", ["on"])
-def test_recorded_graphs_are_not_donated(monkeypatch, mode):
-    with config.override(graph_capture=mode):
+def test_recorded_graphs_are_not_donated(monkeypatch):
+    with config.override(graph_capture="on"):
         context = types.SimpleNamespace(fw_metadata=types.SimpleNamespace(bw_donated_idxs=[0]))
         monkeypatch.setattr(torch._guards.TracingContext, "try_get", staticmethod(lambda: context))
         assert donation.donated_positions("backward", [torch.randn(3)], config.get()) == ()
