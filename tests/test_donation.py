@@ -101,3 +101,22 @@ def test_recorded_graphs_are_not_donated(monkeypatch):
         context = types.SimpleNamespace(fw_metadata=types.SimpleNamespace(bw_donated_idxs=[0]))
         monkeypatch.setattr(torch._guards.TracingContext, "try_get", staticmethod(lambda: context))
         assert donation.donated_positions("backward", [torch.randn(3)], config.get()) == ()
+
+
+def test_a_forward_output_the_backward_also_reads_is_left_intact():
+    # the user holds a; its clone b is saved; only tensors that are no forward output may go
+    def f(x):
+        a = x.sin()
+        b = a.clone()
+        return a, (b * b.exp()).sum()
+
+    x = torch.randn(64, 64, requires_grad=True)
+    torch._dynamo.reset()
+    with config.override(graph_cache=False):
+        a, s = torch.compile(f, backend="coil")(x)
+    kept = a.detach().clone()
+    s.backward()
+    torch.testing.assert_close(a.detach(), kept, rtol=0, atol=0)
+    y = x.detach().requires_grad_()
+    f(y)[1].backward()
+    torch.testing.assert_close(x.grad, y.grad)
