@@ -29,6 +29,7 @@ import collections
 from typing import Any, Sequence
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false as is_non_overlapping_and_dense
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .config import Config
@@ -59,18 +60,8 @@ def _owns_its_storage(t: Any, storages: collections.Counter) -> bool:
     dims = [*t.size(), *t.stride(), t.storage_offset()]
     if any(isinstance(d, torch.SymInt) for d in dims) or t.storage_offset() != 0:
         return False
-    if not _dense(list(t.size()), list(t.stride())) or storages[_storage(t)] != 1:
+    if not is_non_overlapping_and_dense(t) or storages[_storage(t)] != 1:
         return False
     nbytes = t.untyped_storage().nbytes()
     return not isinstance(nbytes, torch.SymInt) and nbytes == t.numel() * t.element_size()
 
-
-def _dense(size: list[int], stride: list[int]) -> bool:
-    """Whether a tensor of ``size`` and ``stride`` covers a block of ``numel`` elements once
-    each (a permutation of a contiguous layout)."""
-    expected = 1
-    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda d: d[1]):
-        if st != expected:
-            return False
-        expected *= n
-    return True
