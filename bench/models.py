@@ -9,9 +9,13 @@ Usage::
                            [--accuracy-only] [--json-out FILE] [--markdown-out FILE]
                            [--timeout 900] [--tf32] [--jobs 1]
 
-Each (model, mode) pair runs in its own subprocess with fresh, empty Inductor / Triton / Coil
-cache directories (cold compiles; a crash or hang costs that pair only).  Inside it, for each
-backend in turn on a deep copy of the same randomly initialised model:
+Each (model, mode, compiled backend) runs in its own subprocess with fresh, empty Inductor /
+Triton / Coil cache directories (cold compiles; a crash or hang costs that worker only): eager
+first, as the reference, then the one compiled backend, each on a deep copy of the same
+randomly initialised model (the same seed in every worker). So every backend starts from the
+same process history, which the caching allocator's block layout, and with it ``peak MiB``,
+depends on; ``--one-process`` runs all the backends of a pair in one worker, in turn, as
+before. The eager figures are the first worker's. Per backend:
 
 * ``compile s``: wall time of the first call (``torch.compile`` + Dynamo + the backend's
   compile + one run, synchronised); for eager, its plain first call.
@@ -282,11 +286,11 @@ def worker(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- #
 
 
-def spawn(args: argparse.Namespace, model: str, mode: str) -> dict[str, Any]:
+def spawn(args: argparse.Namespace, model: str, mode: str, backends: str) -> dict[str, Any]:
     """Run one worker with cold cache dirs; its results by backend (an ``error`` entry for a
     backend it did not finish)."""
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--modes", mode,
-           "--device", args.device, "--size", args.size, "--backends", args.backends,
+           "--device", args.device, "--size", args.size, "--backends", backends,
            "--iters", str(args.iters)] + (["--accuracy-only"] if args.accuracy_only else []) + (
            ["--tf32"] if args.tf32 else [])
     root = tempfile.mkdtemp(prefix="coil-models-")
@@ -367,15 +371,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--backends", default="eager,inductor,coil")
     p.add_argument("--accuracy-only", action="store_true", help="first calls only: compile time and accuracy")
     p.add_argument("--iters", type=int, default=10, help="timed calls per backend (after 2 warm-up calls)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per (model, mode) worker")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker")
     p.add_argument("--tf32", action="store_true", help="float32 matmuls in TF32 (eager and compiled)")
     p.add_argument("--keep-tuning", metavar="DIR",
                    help="copy each worker's Triton tuning results and kernel sources to DIR/<model>-<mode>")
     p.add_argument("--json-out", help="write the results as JSON here")
     p.add_argument("--markdown-out", help="write the table here too")
     p.add_argument("--jobs", type=int, default=1,
-                   help="(model, mode) workers at once: they compile in parallel and take turns "
-                        "for the timed calls (compile times then include contention for the CPUs)")
+                   help="workers at once: they compile in parallel and take turns for the timed "
+                        "calls (compile times then include contention for the CPUs)")
+    p.add_argument("--one-process", action="store_true",
+                   help="all backends of a (model, mode) in one worker, in turn (default: one "
+                        "worker per compiled backend, each after its own eager reference)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -397,27 +404,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker(args)
     backends = [EAGER] + [b for b in args.backends.split(",") if b != EAGER]
     pairs = [(model, mode) for model in args.models.split(",") for mode in args.modes.split(",")]
+    groups = [",".join(backends)] if args.one_process or len(backends) == 1 else [
+        f"{EAGER},{b}" for b in backends[1:]]
+    units = [(model, mode, group) for model, mode in pairs for group in groups]
     # a lock given in the environment is shared with other processes that time (profilers)
     args.lock_path = os.environ.get("BENCH_MODELS_TIMING_LOCK") or os.path.join(
         tempfile.mkdtemp(prefix="coil-bench-lock-"), "timing.lock")
-    records: list[dict[str, Any]] = []
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
 
-    def run(pair: tuple[str, str]) -> dict[str, Any]:
+    def run(unit: tuple[str, str, str]) -> dict[str, Any]:
         t0 = time.perf_counter()
-        rec = {"model": pair[0], "mode": pair[1], **spawn(args, *pair)}
+        rec = {"model": unit[0], "mode": unit[1], **spawn(args, *unit)}
         rec["wall_s"] = time.perf_counter() - t0
-        log.info("%s %s: %.0f s", pair[0], pair[1], rec["wall_s"])
+        log.info("%s %s (%s): %.0f s", unit[0], unit[1], unit[2], rec["wall_s"])
         return rec
 
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        for rec in pool.map(run, pairs):
-            records.append(rec)
-            if args.json_out:  # rewritten after every pair: a killed run keeps what it measured
+        for rec in pool.map(run, units):
+            into = merged.setdefault((rec["model"], rec["mode"]), {**rec, "backends": {}, "wall_s": 0.0})
+            for backend, result in rec["backends"].items():  # eager: the first worker's
+                into["backends"].setdefault(backend, result)
+            into["wall_s"] += rec["wall_s"]
+            records = list(merged.values())
+            if args.json_out:  # rewritten after every worker: a killed run keeps what it measured
                 with open(args.json_out, "w") as f:
                     json.dump({"device": args.device, "size": args.size, "torch": torch.__version__,
                                "jobs": args.jobs, "records": records}, f, indent=1)
-    lines = table(records, backends)
+    lines = table(list(merged.values()), backends)
     print("\n".join(lines))
     if args.markdown_out:
         with open(args.markdown_out, "w") as f:

@@ -316,3 +316,16 @@ def test_a_fused_batch_norm_and_activation_writes_over_the_convolutions_output()
         report = coil.explain(m, x)
         torch.testing.assert_close(report.result, m(x))
     assert report.inplace == 1, [k.name for k in report.kernels]
+
+
+def test_tuning_arguments_copy_only_the_mutated_buffers():
+    pytest.importorskip("triton")
+    from coil_cuda_triton import autotune
+    a, b = torch.randn(8), torch.randn(8)
+    b_before = b.clone()
+    with autotune.trial_args([a, b, 5], [1]) as trial:
+        assert trial[0] is a and trial[1] is not b and trial[2] == 5
+        torch.testing.assert_close(trial[1], b)
+        trial[1].add_(1)
+    torch.testing.assert_close(b, b_before)  # the tuning runs wrote over the copy only
+    assert trial == []

@@ -219,12 +219,10 @@ class Launcher:
         cached = self.cache.get(key)
         if cached is not None:
             return cached
-        trial = list(args)
-        for i in self.mutated:  # never let tuning runs change a buffer the kernel also reads
-            trial[i] = args[i].clone()
         bench = autotune.wall_bench if self.interpret else autotune.cuda_bench
-        best, timings = autotune.select(
-            candidates, lambda cfg: (lambda: self.launch(cfg, stream, trial)), bench)
+        with autotune.trial_args(args, self.mutated) as trial:
+            best, timings = autotune.select(
+                candidates, lambda cfg: (lambda: self.launch(cfg, stream, trial)), bench)
         self.tuned += len(timings)
         log.debug("coil: tuned %s: %s", self.src.name, timings)
         self.cache.put(key, best, timings, self.src.name)

@@ -200,9 +200,6 @@ class TemplateLauncher:
         cached = self.cache.get(key)
         library = self._library_bound(len(args))
         if cached is None:
-            trial = list(args)
-            for i in self.mutated:
-                trial[i] = args[i].clone()
             candidates = list(self.fused.candidates(()))
             if self.unfused is not None or self._call.unfused is None:  # the library side is whole
                 candidates.append(LIBRARY)
@@ -217,8 +214,9 @@ class TemplateLauncher:
                 if cfg == LIBRARY:
                     return lambda: library(stream, *trial)
                 return lambda: self.fused.launch(cfg, stream, trial)
-            cached, timings = autotune.select_interleaved(
-                candidates, run, bench, warm_ms=0.0 if self.interpret else WARM_MS)
+            with autotune.trial_args(args, self.mutated) as trial:
+                cached, timings = autotune.select_interleaved(
+                    candidates, run, bench, warm_ms=0.0 if self.interpret else WARM_MS)
             self.tuned += len(timings)
             log.debug("coil: template %s: %s", self.fused.src.name, timings)
             self.cache.put(key, cached, timings, self.fused.src.name)
