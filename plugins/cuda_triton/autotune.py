@@ -169,28 +169,11 @@ def wall_bench(fn: Callable[[], None], reps: int = 1) -> float:
 @contextlib.contextmanager
 def trial_args(args: Sequence[Any], mutated: Sequence[int]) -> Iterator[list[Any]]:
     """``args`` for tuning runs, with a copy of every buffer the kernel both reads and writes
-    (tuning never changes results). On the GPU the copies come from a private memory pool,
-    emptied when the runs are done: made from the caching allocator's own pool, a copy the
-    size of a large activation leaves a segment of that size behind, and a later activation
-    of the same size lands in it unsplit (with the segment's rounding counted as allocated)
-    instead of in a part of a larger block."""
+    (tuning never changes results); the copies are dropped when the runs are done."""
     trial = list(args)
-    pool = None
-    cuda = [i for i in mutated if isinstance(args[i], torch.Tensor) and args[i].is_cuda]
-    if cuda and hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool"):
-        device = args[cuda[0]].device
-        with torch.cuda.device(device):
-            pool = torch.cuda.MemPool()
-        with torch.cuda.use_mem_pool(pool, device):
-            for i in cuda:
-                trial[i] = args[i].clone()
     for i in mutated:
-        if trial[i] is args[i]:
-            trial[i] = args[i].clone()
+        trial[i] = args[i].clone()
     try:
         yield trial
     finally:
         trial.clear()
-        if pool is not None:
-            torch.cuda.synchronize(device)  # the tuning runs are done with the copies
-            del pool  # its blocks go back to the device
