@@ -13,6 +13,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from . import collect, compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
+from .full_masks import simplify_masks
 from .compile import compile_graph
 from .decompositions import table
 from .errors import ConfigError
@@ -72,6 +73,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         cfg.graph_capture = "on"
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
         rewrite_attention(gm)
+        simplify_masks(gm)
 
     @torch._disable_dynamo
     def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:

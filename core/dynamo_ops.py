@@ -222,6 +222,8 @@ def has_effects(node: torch.fx.Node) -> bool:
     if isinstance(node.target, torch._ops.OpOverload):  # torch.ops.* called directly
         return node.target._schema.is_mutable
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+    if getattr(node.target, "__module__", None) in ("operator", "_operator"):
+        return name in _INPLACE_OPERATORS  # operator.and_, or_, not_ return new values
     return name in _INPLACE_OPERATORS or (name.endswith("_") and not name.startswith("__"))
 
 

@@ -108,7 +108,9 @@ class Config:
     #: waiting in a collective (:mod:`coil.compile_agreement`).
     compile_agreement: bool = _knob(True)
     #: Replace hand-written attention (``softmax(q @ k.mT * scale + mask) @ v``) by one
-    #: ``scaled_dot_product_attention`` call where the two are equivalent (:mod:`coil.attention`).
+    #: ``scaled_dot_product_attention`` call where the two are equivalent (:mod:`coil.attention`),
+    #: and give such calls whose mask the graph builds from constants alone no mask (True
+    #: everywhere) or ``is_causal`` (the causal triangle) instead (:mod:`coil.full_masks`).
     attention_rewrite: bool = _knob(True)
     #: Channels-last convolutions in training graphs too (saved activations included), where
     #: the device's backend asks for them (``DeviceBackend.prefers_channels_last``, by default
