@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from coil import full_masks
 
-from models import zoo
+from models import imports, zoo
 
 B, H, L, S, E = 2, 3, 6, 6, 8
 
@@ -161,6 +161,8 @@ def test_the_knob_turns_it_off():
 def test_a_transformers_decoder_gets_is_causal():
     """transformers builds a causal LM's mask in the graph (5.24: from position ids, with a
     check for packed sequences); every layer's call gets ``is_causal`` instead."""
+    imports.import_optional("transformers")
+    pytest.importorskip("transformers")
     built = zoo.build("hf_llama", "small")
     model = built.model.eval()
     torch._dynamo.reset()
