@@ -58,11 +58,19 @@ def triton_settings() -> dict[str, Any]:
     return {"env": env, "libdevice": libdevice}
 
 
+#: Most workers started by default. On the H200's 16-core host, MobileNetV2's cold training
+#: first call took 27.7 s with 15 workers against 33.8 with 8 (two runs each, one host).
+MOST_WORKERS = 16
+
+
 def count() -> int:
+    """Workers to start: ``COIL_TRITON_COMPILE_WORKERS``, else one per CPU this process may
+    run on but one (the compiling thread builds too), at most :data:`MOST_WORKERS`."""
     env = os.environ.get("COIL_TRITON_COMPILE_WORKERS")
     if env is not None:
         return max(0, int(env))
-    return min(8, max(0, (os.cpu_count() or 1) - 1))
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(MOST_WORKERS, max(0, cpus - 1))
 
 
 class _Worker:
