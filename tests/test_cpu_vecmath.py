@@ -177,3 +177,32 @@ def test_gelu_and_its_backward_against_eager(approximate):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # the backward is decomposed (eager's is one kernel): 3.8e-6 apart with libm's tanh, 2e-6 now
     torch.testing.assert_close(got_grad, want_grad, atol=1e-5, rtol=1e-5)
+
+
+def _bf16_inputs() -> torch.Tensor:
+    """Float32 bit patterns over every exponent: random mantissas, the halfway points that
+    round to even either way, the largest values below and at bf16's overflow, denormals,
+    infinities and NaNs of both signs with quiet and signaling payloads."""
+    g = torch.Generator().manual_seed(0)
+    random = torch.randint(-2**31, 2**31, (1 << 18,), generator=g, dtype=torch.int64)
+    exponents = torch.arange(256, dtype=torch.int64) << 23
+    ties = torch.cat([exponents | 0x8000, exponents | 0x18000, exponents | 0x7fff, exponents | 0x17fff])
+    specials = torch.tensor([0x7f7f8000, 0x7f7f7fff, 0x7f800000, 0x7f800001, 0x7fbfffff, 0x7fc00000,
+                             0x7fffffff, 0x00000001, 0x00008000, 0x007fffff], dtype=torch.int64)
+    bits = torch.cat([random, ties, ties | (1 << 31), specials, specials | (1 << 31)])
+    return bits.to(torch.int32).view(torch.float32)
+
+
+def test_bf16_rounding_matches_torch_bit_for_bit():
+    """Float32 to bf16 (a store) and to bf16 and back in float lanes (inside a kernel): the
+    bits of eager's conversion, except that a NaN keeps its sign and payload where ATen's
+    conversion makes one canonical NaN."""
+    x = _bf16_inputs()
+    for fn, marker in ((lambda t: t.to(torch.bfloat16), "cast<coil::bf16>"),
+                       (lambda t: t.to(torch.bfloat16).float() * 2.0, "round_bf16")):
+        got, source = _one_kernel(fn, x)
+        assert marker in source
+        want = fn(x)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].float().view(torch.int32), want[~nan].float().view(torch.int32))
