@@ -91,6 +91,8 @@ def _set(node: torch.fx.Node, position: int, name: str, new: Any) -> None:
 def _keeps_shape_without(call: torch.fx.Node, mask: torch.fx.Node) -> bool:
     """A boolean mask, and the call's result has the shape it has without one: q, k and v's
     batch dims broadcast, then (L, Ev)."""
+    if len(call.args) < 3:  # q, k, v by keyword: left alone
+        return False
     fakes = [value(a) for a in call.args[:3]] + [value(mask), value(call)]
     if not all(isinstance(f, torch.Tensor) for f in fakes) or fakes[3].dtype != torch.bool:
         return False

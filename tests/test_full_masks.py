@@ -124,6 +124,13 @@ def test_any_other_mask_stays(name):
     assert _check(MASKING[name], _qkv()) == {}
 
 
+def test_query_key_and_value_by_keyword():
+    def fn(q, k, v):
+        return F.scaled_dot_product_attention(query=q, key=k, value=v,
+                                              attn_mask=torch.ones(L, S, dtype=torch.bool))
+    assert _check(fn, _qkv()) == {}
+
+
 def test_a_mask_read_from_an_input_stays():
     """Its values may change without a recompile, all True today or not."""
     mask = torch.ones(B, 1, L, S, dtype=torch.bool)
