@@ -411,6 +411,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.lock_path = os.environ.get("BENCH_MODELS_TIMING_LOCK") or os.path.join(
         tempfile.mkdtemp(prefix="coil-bench-lock-"), "timing.lock")
     merged: dict[tuple[str, str], dict[str, Any]] = {}
+    records: list[dict[str, Any]] = []
 
     def run(unit: tuple[str, str, str]) -> dict[str, Any]:
         t0 = time.perf_counter()
@@ -431,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with open(args.json_out, "w") as f:
                     json.dump({"device": args.device, "size": args.size, "torch": torch.__version__,
                                "jobs": args.jobs, "records": records}, f, indent=1)
-    lines = table(list(merged.values()), backends)
+    lines = table(records, backends)
     print("\n".join(lines))
     if args.markdown_out:
         with open(args.markdown_out, "w") as f:

@@ -13,10 +13,10 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from . import collect, compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
-from .full_masks import simplify_masks
 from .compile import compile_graph
 from .decompositions import table
 from .errors import ConfigError
+from .full_masks import simplify_masks
 from .pool_offsets import narrow_saved_indices
 
 log = logging.getLogger(__name__)

@@ -133,4 +133,3 @@ def test_split_column_reduction_and_long_rows():
     torch._dynamo.reset()
     r = coil.explain(lambda a, t: torch.nn.functional.cross_entropy(a, t), logits, target)
     torch.testing.assert_close(r.result, torch.nn.functional.cross_entropy(logits, target))
-

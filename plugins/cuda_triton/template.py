@@ -210,11 +210,11 @@ class TemplateLauncher:
             bench = (autotune.wall_bench if self.interpret else
                      (lambda call: autotune.cuda_bench(call, reps=3, hold=True)))
 
-            def run(cfg: Config) -> Any:
-                if cfg == LIBRARY:
-                    return lambda: library(stream, *trial)
-                return lambda: self.fused.launch(cfg, stream, trial)
             with autotune.trial_args(args, self.mutated) as trial:
+                def run(cfg: Config) -> Any:
+                    if cfg == LIBRARY:
+                        return lambda: library(stream, *trial)
+                    return lambda: self.fused.launch(cfg, stream, trial)
                 cached, timings = autotune.select_interleaved(
                     candidates, run, bench, warm_ms=0.0 if self.interpret else WARM_MS)
             self.tuned += len(timings)
