@@ -8,12 +8,14 @@ import logging
 from typing import Any, Sequence
 
 import torch
+from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import aot_module_simplified
 
 from . import collect, compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph
+from .cse import eliminate_common_subexpressions
 from .decompositions import table
 from .errors import ConfigError
 from .full_masks import simplify_masks
@@ -27,8 +29,9 @@ MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 
 def _partition_fn() -> Any:
     """AOTAutograd's min-cut partitioner, after Coil's joint-graph rewrites: aliases taken out
-    (:mod:`coil.joint_aliases`) and max-pool indices saved as int8 window offsets
-    (:mod:`coil.pool_offsets`)."""
+    (:mod:`coil.joint_aliases`), common subexpressions merged (:mod:`coil.cse`, in place of
+    the partitioner's own pass, which imports most of Inductor) and max-pool indices saved as
+    int8 window offsets (:mod:`coil.pool_offsets`)."""
     try:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as base
     except ImportError:  # pragma: no cover - older torch
@@ -37,8 +40,13 @@ def _partition_fn() -> Any:
     @functools.wraps(base)
     def partition(joint_module: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         joint_aliases.drop_aliases(joint_module)
+        if not functorch_config.cse:  # the user turned common-subexpression elimination off
+            narrow_saved_indices(joint_module)
+            return base(joint_module, *args, **kwargs)
+        eliminate_common_subexpressions(joint_module)  # Coil's, so the partitioner's stays off
         narrow_saved_indices(joint_module)
-        return base(joint_module, *args, **kwargs)
+        with functorch_config.patch(cse=False):
+            return base(joint_module, *args, **kwargs)
 
     return partition
 
