@@ -31,6 +31,8 @@ before. The eager figures are the first worker's. Per backend:
   weights). A CUDA graph's private pool is reserved, not allocated, between replays: the JSON
   record's ``reserved_mib`` (growth of reserved memory since before the first call) shows it,
   for every backend alike.
+  ``requested_peak_mib`` is the same peak in the bytes the program requested, before the
+  allocator rounds them (see ``_requested_bytes``).
 * Coil's JSON record also holds ``coil_stages``: seconds per compile stage summed over the
   graphs of the first call, with the graph and kernel counts and the binaries the first
   call built (``kernel_builds``; on the GPU each is a ``triton.compile``). ``--keep-tuning
@@ -172,6 +174,7 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
         clock.sync()
         if device.type == "cuda":  # weights and inputs; what a backend keeps after compiling counts
             base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            base_requested = _requested_bytes("current")
         t0 = time.perf_counter()
         first = step()
         clock.sync()
@@ -194,10 +197,20 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
                 if device.type == "cuda":
                     record["peak_mib"] = (torch.cuda.max_memory_allocated() - base) / 2**20
                     record["reserved_mib"] = (torch.cuda.memory_reserved() - base_reserved) / 2**20
+                    record["requested_peak_mib"] = (_requested_bytes("peak") - base_requested) / 2**20
             record.update({"median_ms": 1e3 * statistics.median(samples),
                            "min_ms": 1e3 * min(samples), "iters": iters})
     del model
     return record, first
+
+
+def _requested_bytes(which: str) -> int:
+    """The caching allocator's count of bytes the program asked for (``current`` or
+    ``peak``), before its rounding: a block is rounded up to 512 bytes, and a free block
+    larger than a request is handed out whole unless more than 1 MiB would remain, so what
+    ``max_memory_allocated`` counts depends on which segments the process's earlier
+    allocations left (the record's ``peak_mib``)."""
+    return int(torch.cuda.memory_stats().get(f"requested_bytes.all.{which}", 0))
 
 
 @contextlib.contextmanager
