@@ -14,7 +14,10 @@ operator with equal arguments and nothing between them can have changed what the
 * no mutating call, higher-order operator or operator of another namespace (a collective, a
   custom op) lies between the two: each one starts a new region, and nothing is merged across;
 * neither defines a symbol (``item()``: an unbacked size) or aliases a graph output (two
-  outputs that eager returns as separate tensors stay separate).
+  outputs that eager returns as separate tensors stay separate);
+* and the graph writes only into its inputs (a functionalized graph's input mutations): a
+  graph that writes into a value it computed is left as it is, since two merged values would
+  then be written through one another's names.
 
 Arguments compare by node identity (after earlier replacements), and constants by type and
 value (``1`` and ``1.0`` differ, as do ``0.0`` and ``-0.0``; a symbolic constant is never
@@ -35,6 +38,8 @@ def eliminate_common_subexpressions(gm: torch.fx.GraphModule) -> int:
     """Replace each repeated pure computation in ``gm`` by its first occurrence; returns how
     many nodes were removed."""
     graph = gm.graph
+    if _writes_intermediates(graph):
+        return 0  # merged values could be written through one another's names: leave it as is
     keep_apart = _aliases_of_outputs(graph)
     seen: dict[Any, torch.fx.Node] = {}
     removed = 0
@@ -78,6 +83,26 @@ def _kind(node: torch.fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverloadPacket):
         return "barrier"  # an overload not resolved: its schema is unknown here
     return "other"  # Python callables on sizes (operator.mul, sym_max): pure, but not worth keys
+
+
+def _writes_intermediates(graph: torch.fx.Graph) -> bool:
+    """Whether a call writes into a value computed in the graph rather than into a graph input.
+    A functionalized joint graph writes only into its inputs (input mutations, at the end);
+    anything else could write into a value that a merge made stand for two."""
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        if not target._schema.is_mutable:
+            continue
+        for i, arg in enumerate(target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            values = value if isinstance(value, (list, tuple)) else [value]
+            if any(isinstance(v, torch.fx.Node) and v.op != "placeholder" for v in values):
+                return True
+    return False
 
 
 def _defines_symbol(node: torch.fx.Node) -> bool:

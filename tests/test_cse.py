@@ -75,6 +75,29 @@ def test_nothing_is_merged_across_a_mutation():
     torch.testing.assert_close(got, ref)
 
 
+def test_a_graph_that_writes_into_its_own_values_is_left_alone():
+    def f(x):
+        a = torch.zeros(4)
+        b = torch.zeros(4)  # equal to a, but a is written below and b must stay zero
+        a.add_(x)
+        return a, b + 1
+
+    x = torch.randn(4)
+    gm = _graph(f, x)
+    assert eliminate_common_subexpressions(gm) == 0
+    assert len(_calls(gm, aten.zeros.default)) == 2
+    torch.testing.assert_close(gm(x)[1], torch.ones(4))
+
+
+def test_writes_into_graph_inputs_only_are_barriers_not_a_stop():
+    def f(x, buf):
+        buf.mul_(2)  # an input mutation, as a functionalized graph's epilogue has
+        return torch.sin(x) + torch.sin(x)
+
+    gm = _check_same_result(f, torch.randn(4), torch.randn(4))
+    assert len(_calls(gm, aten.sin.default)) == 1
+
+
 def test_constants_compare_by_type_and_sign():
     def f(x):
         return aten.add.Tensor(x, 1), aten.add.Tensor(x, 1.0), aten.mul.Tensor(x, 0.0), aten.mul.Tensor(x, -0.0)
