@@ -40,10 +40,8 @@ def _partition_fn() -> Any:
     @functools.wraps(base)
     def partition(joint_module: torch.fx.GraphModule, *args: Any, **kwargs: Any) -> Any:
         joint_aliases.drop_aliases(joint_module)
-        if not functorch_config.cse:  # the user turned common-subexpression elimination off
-            narrow_saved_indices(joint_module)
-            return base(joint_module, *args, **kwargs)
-        eliminate_common_subexpressions(joint_module)  # Coil's, so the partitioner's stays off
+        if functorch_config.cse:  # unless the user turned it off: Coil's pass, not the partitioner's
+            eliminate_common_subexpressions(joint_module)
         narrow_saved_indices(joint_module)
         with functorch_config.patch(cse=False):
             return base(joint_module, *args, **kwargs)

@@ -101,12 +101,16 @@ class GraphReplay:
                 return self._record(args)
         if self._done is not None:  # the last replay, perhaps on another stream, is done reading
             torch.cuda.current_stream().wait_event(self._done)
+        self._copy_in(args)
+        args.clear()
+        return self._replay()
+
+    def _copy_in(self, args: list[Any]) -> None:
+        """The call's non-static tensors into the recording's own buffers."""
         for i, mine in self._copied:
             a = args[i]
             if a.data_ptr() != mine.data_ptr():
                 mine.copy_(a)
-        args.clear()
-        return self._replay()
 
     def describe(self) -> str:
         times = (f" (replay {self.timings[0]:.3f} ms against launches {self.timings[1]:.3f} ms per call)"
@@ -146,8 +150,7 @@ class GraphReplay:
         self._scalars = [(i, a) for i, a in enumerate(self.inputs) if not isinstance(a, torch.Tensor)]
         self._fixed = [(i, t.data_ptr()) for i, t in tensors if i in self.static]
         self._copied = [(i, t) for i, t in tensors if i not in self.static]
-        # the caller's tensors, for the measurement: a real call copies them in
-        sources = [(args[i], mine) for i, mine in self._copied]
+        caller = list(args)  # for the measurement: a real call copies these in
         args.clear()
         try:
             side = torch.cuda.Stream()
@@ -175,18 +178,16 @@ class GraphReplay:
             return first
         self.graph = graph
         if self.measure and self.timings is None:
-            self._choose(sources)
+            self._choose(caller)
         return first
 
-    def _choose(self, sources: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def _choose(self, caller: list[Any]) -> None:
         """Time the replay against the graph's own launches; keep the faster. The replay's
-        side copies each non-static input in from the caller's tensor (``sources``: pairs of
-        caller's tensor and recording's buffer), as every later call does: a graph whose
-        inputs are large (weights passed as arguments) pays more for the copies than its
-        replay saves."""
+        side copies the non-static inputs in from the caller's arguments, as every later call
+        does: a graph whose inputs are large (weights passed as arguments) pays more for the
+        copies than its replay saves."""
         def replay() -> Any:
-            for src, mine in sources:
-                mine.copy_(src)
+            self._copy_in(caller)
             return self._replay()
 
         def timed(run: Callable[[], Any]) -> float:
