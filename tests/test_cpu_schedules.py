@@ -3,6 +3,8 @@ and stashes in a float scratch row (plugins/cpu_cpp/stash.py), in every dtype th
 at sizes that do and do not divide the tile."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -66,7 +68,7 @@ def test_half_softmax_stashes_exp_in_a_float_row(dtype, cols):
     assert len(r.kernels) == 1
     source = r.kernels[0].source
     last_pass = source[source.rindex("_combine<"):]  # after the sum's lanes are combined
-    assert "std::exp" in source and "std::exp" not in last_pass
+    assert "coil::exp_" in source and "coil::exp_" not in last_pass
     assert ("scratch" in source) == (dtype in (torch.bfloat16, torch.float16))
 
 
@@ -142,11 +144,13 @@ def _kernel_with(report, fragment: str):
 @pytest.mark.parametrize("shape", [(32, 256), (7, 33), (1, 64), (4, 1000)])
 def test_few_short_rows_use_the_inner_schedule(shape):
     """Few kept points over a short reduced dim: no parallel region per row (the split
-    schedule's), no OpenMP at all, and eager's values."""
+    schedule's), OpenMP only where the passes over the rows add up to more than the
+    parallel threshold (a log-softmax reads each row three times), and eager's values."""
     x = torch.randn(*shape)
     r = check(lambda x: torch.log_softmax(x, -1), x)
     source = r.kernels[0].source
-    assert "omp parallel" not in source and "ordered" not in source
+    assert "ordered" not in source
+    assert ("omp parallel" in source) == (3 * x.numel() > 16384 and torch.get_num_threads() > 1)
     r = check(lambda x: (x.sum(), x.amax(), x.var()), x, atol=1e-4, rtol=1e-4)  # no kept dims
     assert all("omp parallel" not in k.source for k in r.kernels)
 
@@ -258,3 +262,69 @@ def test_row_norm_keeps_the_inner_schedule():
     x, w, b = torch.randn(64, 96), torch.randn(96), torch.randn(96)
     r = check(lambda x, w, b: F.layer_norm(x, (96,), w, b), x, w, b)
     assert len(r.kernels) == 1 and "OUTER_BLOCK" not in r.kernels[0].source
+
+
+# -- reductions: passes in the parallel threshold, gathered tables (reduction_loops.py, tables.py)
+
+
+def _window_softmax(scores, table, index, mask):
+    """Swin's shifted-window attention scores: a relative-position bias gathered through
+    ``index`` (the same for every window) and a per-window mask, then a softmax."""
+    bias = table[index.view(-1)].view(16, 16, -1).permute(2, 0, 1)
+    s = scores.view(-1, 4, 2, 16, 16) + bias.unsqueeze(0).unsqueeze(0) + mask.unsqueeze(1).unsqueeze(0)
+    return torch.softmax(s.view(-1, 2, 16, 16), dim=-1)
+
+
+def test_gathered_bias_of_a_row_softmax_is_tabled_once_per_call():
+    """The gather does not depend on the window: one table filled before the loop nest, read
+    by the max and the exp passes, with the index's negative entries wrapped as eager does."""
+    scores, table = torch.randn(32, 2, 16, 16), torch.randn(49, 2)
+    index = torch.randint(-49, 49, (16, 16))
+    mask = torch.where(torch.rand(4, 16, 16) > 0.8, -100.0, 0.0)
+    r = check(_window_softmax, scores, table, index, mask)
+    source = _kernel_with(r, "amax")
+    nest = source.index("for (int64_t x0")
+    assert "tab0_0[" in source[nest:] and source.index("tab0_0[") < nest, source
+    assert not re.search(r"\bind\d+", source[nest:]), source  # no gather left in the nest
+
+
+def test_gathered_values_in_a_pointwise_kernel_are_tabled():
+    """A pointwise kernel gathering by the innermost dim alone: the gather runs once per
+    column, not once per element; values as eager's, negative indices included."""
+    x, table = torch.randn(64, 40), torch.randn(50)
+    index = torch.randint(-50, 50, (40,))
+    r = check(lambda x, t, i: x * 2 + t[i], x, table, index)
+    source = r.kernels[0].source
+    nest = source.index("for (int64_t x0")
+    assert "tab0_0[" in source[nest:] and not re.search(r"\bind\d+", source[nest:]), source
+
+
+def test_reduction_passes_count_toward_the_parallel_threshold():
+    """1024 rows of 16: 16384 points, each visited by three passes of a softmax, so the
+    threads share the rows; a sum over the same points (one pass) stays on one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1024, 16)
+        assert "omp parallel" in check(lambda x: torch.softmax(x, -1), x).kernels[0].source
+        assert "omp parallel" not in check(lambda x: x.sum(-1), x, atol=1e-5).kernels[0].source
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_over_merged_neighbours_splits_the_reduced_loop(dtype):
+    """Swin's patch merging: the four 2x2 neighbours' channels side by side, normalised.
+    The channel index reaches the source as ``r / 64``, ``(r / 32) % 2`` and ``r % 32``; the
+    lanes run over ``r % 32`` (a split at 32), so no division is left inside them."""
+    x = torch.randn(2, 16, 16, 32).to(dtype)
+    w, b = torch.randn(128).to(dtype), torch.randn(128).to(dtype)
+
+    def merge(x, w, b):  # timm's PatchMerging
+        x = (x + 1).reshape(2, 8, 2, 8, 2, 32).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return F.layer_norm(x, (128,), w, b)
+    r = check(merge, x, w, b, atol=_tol(dtype), rtol=_tol(dtype))
+    source = _kernel_with(r, "var_mean")
+    assert "r0_hi" in source and "r0_lo = lane" in source, source
+    lanes = source[source.index("r0_lo = lane"):]
+    assert "r0 /" not in lanes and "r0 %" not in lanes, source

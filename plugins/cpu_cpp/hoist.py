@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 import sympy
 import torch
 
-from coil.sdk import Cast, Const, IndexValue, Load, Loop, Masked, Op, Value
+from coil.sdk import Cast, Const, IndexValue, Indirect, Load, Loop, Masked, Op, Value
 from coil.sdk.codegen import ValueScope
 
 if TYPE_CHECKING:
@@ -33,10 +33,14 @@ def hoist_row_invariants(kw: KernelWriter, bodies: list[Value], var: sympy.Symbo
     return _hoist(kw, bodies, _Invariance(kw, {var}), scope, loads=True)
 
 
-def invariance(kw: KernelWriter, loop_vars: set[sympy.Symbol]) -> Callable[[Value], bool]:
+def invariance(kw: KernelWriter, loop_vars: set[sympy.Symbol], gathers: bool = False
+               ) -> Callable[[Value], bool]:
     """Whether a value is the same at every point of the loops over ``loop_vars`` and may be
-    computed before them (memoised)."""
-    return _Invariance(kw, loop_vars)
+    computed before them (memoised). ``gathers``: loads through indices read from memory the
+    kernel does not write count too (a table filled over the kernel's own points reads
+    only indices the kernel reads; hoisted ahead of one loop, such a load would read an index
+    that loop might not)."""
+    return _Invariance(kw, loop_vars, gathers)
 
 
 _INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
@@ -67,9 +71,10 @@ class _Invariance:
     """Whether a value is the same at every point of the loops over ``loop_vars``, memoised
     by identity."""
 
-    def __init__(self, kw: KernelWriter, loop_vars: set[sympy.Symbol]) -> None:
+    def __init__(self, kw: KernelWriter, loop_vars: set[sympy.Symbol], gathers: bool = False) -> None:
         self.kw = kw
         self.r_vars = loop_vars
+        self.gathers = gathers
         self.written = {s for loop in kw.k.loops for kn in loop.nodes for s in kn.stores}
         self.known: dict[int, bool] = {}
 
@@ -82,7 +87,11 @@ class _Invariance:
         if isinstance(v, Const):
             return True
         if isinstance(v, Load):
-            return self._fixed(v) and not v.indirect and not self._on_r(v.index)
+            if v.indirect and not (self.gathers and all(self(i) for i in v.indirect)):
+                return False
+            return self._fixed(v) and not self._on_r(v.index)
+        if isinstance(v, Indirect):
+            return self.gathers and v.value is not None and self(v.value)
         if isinstance(v, IndexValue):
             return not self._on_r(v.expr)
         if isinstance(v, Op) and v.name in _INTEGER_DIVISIONS and not v.dtype.is_floating_point:

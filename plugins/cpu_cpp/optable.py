@@ -40,7 +40,7 @@ OPS: dict[str, Spelling] = {
     "clamp_min": _tcall("coil::clamp_min"), "clamp_max": _tcall("coil::clamp_max"),
     "pow": _tcall("coil::pow_"), "atan2": _call("std::atan2"), "hypot": _call("std::hypot"),
     "copysign": _call("std::copysign"), "nextafter": _call("std::nextafter"),
-    "exp": _call("std::exp"), "exp2": _call("std::exp2"), "expm1": _call("std::expm1"),
+    "exp": _tcall("coil::exp_"), "exp2": _call("std::exp2"), "expm1": _call("std::expm1"),
     "log": _call("std::log"), "log2": _call("std::log2"), "log10": _call("std::log10"),
     "log1p": _call("std::log1p"), "sqrt": _call("std::sqrt"),
     "rsqrt": lambda a, t: f"({t}(1) / std::sqrt({a[0]}))",
@@ -65,8 +65,8 @@ OPS: dict[str, Spelling] = {
     "rand": _call("coil::philox_rand"), "randn": _call("coil::philox_randn"),
 }
 
-#: Ops that call into libm (tens of cycles per vector): worth a store and a load to not
-#: compute twice (see :mod:`.stash`).
+#: Ops that call into libm or Coil's inline vector math (tens of cycles per vector): worth a
+#: store and a load to not compute twice (see :mod:`.stash`).
 COSTLY_OPS = frozenset({
     "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
     "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",

@@ -26,10 +26,11 @@ from coil.sdk.symbolic import fold_divmod
 
 from .accumulators import Accumulator, accumulator
 from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
-from .divmod_split import innermost_split
+from .divmod_split import Split, innermost_split, reduced_split
 from .hoist import hoist_invariants
 from .optable import CTYPES
 from .stash import LoopStashes, plan, scratch_rows
+from .tables import table_scope
 
 if TYPE_CHECKING:
     from .codegen import KernelWriter
@@ -66,19 +67,40 @@ def reduction_kernel(kw: KernelWriter) -> None:
     k = kw.k
     split = schedule == "split"
     names = [v.name for v in k.x_vars]
+    tables: ValueScope[str] = ValueScope()
     if names and not split:
-        points = sympy.Mul(*k.x_ranges, *k.r_ranges)
-        kw.pragma(parallel_for(points, len(names)))
+        tables = _gather_tables(kw)
+        kw.pragma(parallel_for(work(k), len(names)))
     stashes = plan(k, scratch=not split)
     with kw.loops(names, k.x_ranges):
         kw.w.lines(scratch_rows(k, stashes))
-        scope = ValueScope()
+        scope = ValueScope(tables)
         for i, loop in enumerate(k.loops):
             if loop.level == "x":
                 kw.emit_nodes(loop.nodes, scope)
             else:
                 hoist_invariants(kw, loop, scope)
                 _lane_r_loop(kw, loop, scope, split, stashes.get(i, LoopStashes()))
+
+
+def _gather_tables(kw: KernelWriter) -> ValueScope[str]:
+    """Tables (:mod:`.tables`) of what the r loops gather through indices and do not vary
+    along some kept dim, filled once per call: Swin-tiny's relative-position bias, gathered
+    per score of every window in both the max and the exp pass of its softmax."""
+    k = kw.k
+    loops = dict(zip([*k.x_vars, *k.r_vars], [*k.x_ranges, *k.r_ranges]))
+    bodies = [kn.body for loop in k.loops if loop.level == "r" for kn in loop.nodes]
+    return table_scope(kw, bodies, loops, gathers_only=True)
+
+
+def work(k: Kernel) -> sympy.Expr:
+    """The points a reduction kernel visits, for the parallel threshold: its kept points times
+    its reduced points, once per pass over the reduced dims. A softmax over short rows reads
+    each row three times (its maximum, the sum of exponentials, the quotients): counted once,
+    Swin-tiny's shifted-window softmax (1024 rows of 16, relative-position bias gathered in two
+    of its passes) stayed on one thread at 96 us a call."""
+    passes = max(1, sum(1 for loop in k.loops if loop.level == "r"))
+    return sympy.Mul(*k.x_ranges, *k.r_ranges, passes)
 
 
 def choose_schedule(k: Kernel) -> str:
@@ -179,7 +201,10 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
         _plain_r_loop(kw, loop, scope, split, stashes)
         return
     w = kw.w
-    lanes = _lane_count(kw.k.r_ranges[-1])
+    rsplit = reduced_split(kw.k)
+    lanes = rsplit.divisor if rsplit is not None and rsplit.divisor <= 2 * LANES else _lane_count(kw.k.r_ranges[-1])
+    if rsplit is not None and lanes != rsplit.divisor:
+        rsplit = None
     for acc in accs.values():
         w.lines(acc.declare("acc_"))
     with _parallel_region(kw, split):
@@ -189,7 +214,7 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
         with w.block(for_header("lane", str(lanes)), "}"):
             for acc in accs.values():
                 w.lines(acc.init("lane_", "[lane]"))
-        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes)
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit)
         _combine_lanes(kw, accs, lanes)
         with _one_thread_at_a_time(kw, split):
             for acc in accs.values():
@@ -245,24 +270,43 @@ def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
 
 
 def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
-                  split: bool, stashes: LoopStashes, lanes: int) -> None:
+                  split: bool, stashes: LoopStashes, lanes: int, rsplit: Split | None = None) -> None:
     """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
     of the lane arrays, then the leftover elements into the first lanes (either part is left
-    out where the size is known and it would not run)."""
+    out where the size is known and it would not run). With ``rsplit`` (lanes at its divisor,
+    which divides the size), a chunk is one value of the split's outer variable and a lane
+    one of its inner, and the indices say so (:func:`.divmod_split.reduced_split`)."""
     w = kw.w
     last, n = kw.k.r_vars[-1].name, kw.k.r_ranges[-1]
     size = int(n) if n.is_number else None
     full = f"{idx(n)} / {lanes} * {lanes}" if size is None else str(size // lanes * lanes)
     if size is None or size >= lanes:
         with _within_outer_r(kw, split, for_header(f"{last}_chunk", full, step=lanes)):
+            if rsplit is not None:
+                w.line(f"int64_t {rsplit.hi} = {last}_chunk / {lanes};")
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
                 w.line(f"int64_t {last} = {last}_chunk + lane;")
-                _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
+                if rsplit is not None:
+                    w.line(f"int64_t {rsplit.lo} = lane;")
+                with _substituted(kw, rsplit):
+                    _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
     if size is None or size % lanes:
         with _within_outer_r(kw, split, for_header(last, n, start=full), simd=True):
             w.line(f"int64_t lane = {last} - {full};")
             _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
+
+
+@contextlib.contextmanager
+def _substituted(kw: KernelWriter, rsplit: Split | None) -> Iterator[None]:
+    """Index expressions printed in terms of ``rsplit``'s variables inside (none: as they are)."""
+    outer = kw.index_subs
+    if rsplit is not None:
+        kw.index_subs = {**outer, **rsplit.substitutions()}
+    try:
+        yield
+    finally:
+        kw.index_subs = outer
 
 
 @contextlib.contextmanager
@@ -287,8 +331,20 @@ def _within_outer_r(kw: KernelWriter, split: bool, innermost: str, simd: bool = 
 
 def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
                   stashes: LoopStashes) -> None:
-    """An r loop without reductions (the last pass of a softmax): pointwise over r."""
+    """An r loop without reductions (the last pass of a softmax): pointwise over r; split at
+    the divisor of :func:`.divmod_split.reduced_split` where there is one, as the lanes are."""
     k = kw.k
+    rsplit = None if split else reduced_split(k)
+    if rsplit is not None and rsplit.divisor <= 2 * LANES:
+        d, last = rsplit.divisor, k.r_vars[-1]
+        with kw.loops([v.name for v in k.r_vars[:-1]], k.r_ranges[:-1]):
+            with kw.w.block(for_header(rsplit.hi.name, sympy.Integer(int(k.r_ranges[-1]) // d)), "}"):
+                kw.w.line("#pragma omp simd")
+                with kw.w.block(for_header(rsplit.lo.name, sympy.Integer(d)), "}"):
+                    kw.w.line(f"int64_t {last} = {d}*{rsplit.hi} + {rsplit.lo};")
+                    with _substituted(kw, rsplit):
+                        _r_body(kw, loop, scope.child(), {}, "", "", stashes)
+        return
     collapse = f" collapse({len(k.r_ranges)})" if len(k.r_ranges) > 1 else ""
     if split:
         kw.w.line(f"#pragma omp parallel for simd{collapse} {parallel_if(sympy.Mul(*k.r_ranges))}")
@@ -311,8 +367,7 @@ def _outer(kw: KernelWriter) -> None:
         kw.index_subs = split.substitutions()
         kw.lane_prelude = f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};"
     last, n = names[-1], ranges[-1]
-    points = sympy.Mul(*k.x_ranges, *k.r_ranges)
-    kw.pragma(parallel_for(points, len(names)))
+    kw.pragma(parallel_for(work(k), len(names)))
     with kw.loops(names[:-1], ranges[:-1]):
         with w.block(for_header(f"{last}_block", n, step=BLOCK), "}"):
             w.line(f"int64_t width = std::min<int64_t>({BLOCK}, {idx(n)} - {last}_block);")

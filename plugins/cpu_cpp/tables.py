@@ -34,21 +34,23 @@ MAX_TABLE = 8192
 MIN_READS = 8
 
 
-def table_scope(kw: KernelWriter, bodies: list[Value], loops: dict[sympy.Symbol, sympy.Expr]
-                ) -> ValueScope[str]:
+def table_scope(kw: KernelWriter, bodies: list[Value], loops: dict[sympy.Symbol, sympy.Expr],
+                gathers_only: bool = False) -> ValueScope[str]:
     """Emit, before the loop nest over ``loops`` (variable -> length, outermost first), the
     tables of ``bodies``' values that use the innermost variable and not every other one, and
     return a scope in which each such value stands for its table's entry: the parent of the
     rows' scope (whose own invariants never use the innermost variable). The tables are filled
-    only where the loop nest has points (an empty kernel reads nothing)."""
+    only where the loop nest has points (an empty kernel reads nothing). ``gathers_only``:
+    only loads the vector loop would gather (a reduction kernel's tables, see
+    :mod:`.reduction_loops`)."""
     scope: ValueScope[str] = ValueScope()
     points = sympy.Mul(*loops.values())
     if len(loops) < 2 or points == 0:
         return scope
-    computable = invariance(kw, set())  # fixed memory, no integer division
+    computable = invariance(kw, set(), gathers=True)  # fixed memory, no integer division
     groups: dict[tuple[sympy.Symbol, ...], list[Value]] = {}
     for body in bodies:
-        _pick(body, loops, points, computable, groups)
+        _pick(body, loops, points, computable, groups, gathers_only)
     if not groups:
         return scope
     tables = [_Table(f"tab{i}", dims, values, loops) for i, (dims, values) in enumerate(groups.items())]
@@ -97,26 +99,31 @@ class _Table:
 
 
 def _pick(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.Expr,
-          computable: Callable[[Value], bool], groups: dict[tuple[sympy.Symbol, ...], list[Value]]) -> None:
+          computable: Callable[[Value], bool], groups: dict[tuple[sympy.Symbol, ...], list[Value]],
+          gathers_only: bool) -> None:
     if isinstance(v, Masked):  # its body may run under the mask only
         return
     dims = _table_dims(v, loops, points)
-    if dims is not None and computable(v):
+    if dims is not None and computable(v) and (not gathers_only or _gathered(v, loops)):
         if v not in groups.setdefault(dims, []):
             groups[dims].append(v)
         return
     for c in v.children():
         if c is not None:
-            _pick(c, loops, points, computable, groups)
+            _pick(c, loops, points, computable, groups, gathers_only)
 
 
 def _gathered(v: Value, loops: dict[sympy.Symbol, sympy.Expr]) -> bool:
-    """Whether ``v`` is a load (or a cast of one) whose index steps by more than one element
-    along the innermost loop: the vector loop would gather it, where a table reads a row (a
-    depthwise convolution's weight ``w[c, 0, i, j]`` along the channels, 9 apart for 3x3)."""
+    """Whether ``v`` is a load (or a cast of one) that the vector loop would gather, where a
+    table reads a row: one through an index read from memory (Swin's relative-position bias,
+    ``table[index[i, j], head]``, the same for every window), or one whose index steps by more
+    than one element along the innermost loop (a depthwise convolution's weight
+    ``w[c, 0, i, j]`` along the channels, 9 apart for 3x3)."""
     load = v.x if isinstance(v, Cast) else v
-    if not isinstance(load, Load) or load.indirect:
+    if not isinstance(load, Load):
         return False
+    if load.indirect:
+        return True
     step = sympy.sympify(load.index).diff(list(loops)[-1])
     return bool(step.is_number and step not in (0, 1, -1))
 

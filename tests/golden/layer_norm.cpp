@@ -3,6 +3,7 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
   auto arg1 = reinterpret_cast<const float*>(arg1_addr);
   auto arg2 = reinterpret_cast<const float*>(arg2_addr);
   auto buf2 = reinterpret_cast<float*>(buf2_addr);
+  #pragma omp parallel for collapse(1) if(parallel: 32768 > 16384)
   for (int64_t x0 = 0; x0 < 64; x0++) {
     float acc_buf0_mean = float(0);
     float acc_buf0_m2 = float(0);

@@ -1,6 +1,7 @@
 extern "C" void k0_amax_sub_exp_sum_div(int64_t arg0_addr, int64_t buf2_addr) {
   auto arg0 = reinterpret_cast<const float*>(arg0_addr);
   auto buf2 = reinterpret_cast<float*>(buf2_addr);
+  #pragma omp parallel for collapse(1) if(parallel: 49152 > 16384)
   for (int64_t x0 = 0; x0 < 64; x0++) {
     float acc_buf0 = coil::lowest<float>();
     float lane_buf0[64];
@@ -37,7 +38,7 @@ extern "C" void k0_amax_sub_exp_sum_div(int64_t arg0_addr, int64_t buf2_addr) {
         int64_t r0 = r0_chunk + lane;
         float t2 = arg0[(r0 + 256*x0)];
         float t3 = (t2 - v_buf0);
-        float t4 = std::exp(t3);
+        float t4 = coil::exp_<float>(t3);
         coil::sum_update<float>(lane_buf1[lane], t4);
         buf2[(r0 + 256*x0)] = t4;
       }
