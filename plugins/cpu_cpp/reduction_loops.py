@@ -201,10 +201,8 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
         _plain_r_loop(kw, loop, scope, split, stashes)
         return
     w = kw.w
-    rsplit = reduced_split(kw.k)
-    lanes = rsplit.divisor if rsplit is not None and rsplit.divisor <= 2 * LANES else _lane_count(kw.k.r_ranges[-1])
-    if rsplit is not None and lanes != rsplit.divisor:
-        rsplit = None
+    rsplit = _lane_split(kw.k)
+    lanes = rsplit.divisor if rsplit is not None else _lane_count(kw.k.r_ranges[-1])
     for acc in accs.values():
         w.lines(acc.declare("acc_"))
     with _parallel_region(kw, split):
@@ -220,6 +218,13 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
             for acc in accs.values():
                 w.line(acc.combine("acc_", "", "lane_", "[0]"))
     _results(kw, loop, accs, "acc_", "")
+
+
+def _lane_split(k: Kernel) -> Split | None:
+    """The split of the innermost reduced dim (:func:`.divmod_split.reduced_split`) when its
+    divisor is short enough to be the lane count (at most 128 lanes of state per row)."""
+    rsplit = reduced_split(k)
+    return rsplit if rsplit is not None and rsplit.divisor <= 2 * LANES else None
 
 
 def _lane_count(n: sympy.Expr) -> int:
@@ -334,8 +339,8 @@ def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: b
     """An r loop without reductions (the last pass of a softmax): pointwise over r; split at
     the divisor of :func:`.divmod_split.reduced_split` where there is one, as the lanes are."""
     k = kw.k
-    rsplit = None if split else reduced_split(k)
-    if rsplit is not None and rsplit.divisor <= 2 * LANES:
+    rsplit = None if split else _lane_split(k)
+    if rsplit is not None:
         d, last = rsplit.divisor, k.r_vars[-1]
         with kw.loops([v.name for v in k.r_vars[:-1]], k.r_ranges[:-1]):
             with kw.w.block(for_header(rsplit.hi.name, sympy.Integer(int(k.r_ranges[-1]) // d)), "}"):
