@@ -328,3 +328,13 @@ def test_norm_over_merged_neighbours_splits_the_reduced_loop(dtype):
     assert "r0_hi" in source and "r0_lo = lane" in source, source
     lanes = source[source.index("r0_lo = lane"):]
     assert "r0 /" not in lanes and "r0 %" not in lanes, source
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+def test_interpolation_indices_stay_beside_their_tables(mode):
+    """Interpolation reads its input through indices computed from the loop variables: what
+    computes an index may be tabled, but the index itself is spelled by its symbol inside the
+    load, so it must stay a local (tabling it left the symbol undeclared: a compile error)."""
+    x = torch.randn(2, 3, 4, 4)
+    check(lambda x: F.interpolate(x, size=(3, 5), mode=mode, align_corners=False), x, atol=1e-5, rtol=1e-5)
+    check(lambda x: F.pad(x, (-1, 2, 1, -1), mode="replicate"), x)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 
 import sympy
 
-from coil.sdk import Cast, IndexValue, Load, Masked, Op, Value, walk
+from coil.sdk import Cast, IndexValue, Indirect, Load, Masked, Op, Value, walk
 from coil.sdk.codegen import ValueScope
 
 from .hoist import invariance
@@ -103,7 +103,9 @@ def _pick(v: Value, loops: dict[sympy.Symbol, sympy.Expr], points: sympy.Expr,
           gathers_only: bool) -> None:
     if isinstance(v, Masked):  # its body may run under the mask only
         return
-    dims = _table_dims(v, loops, points)
+    # an index read from memory is spelled by its symbol inside the load's index, so it is
+    # never a table's value itself (the load through it may be, and so may what computes it)
+    dims = None if isinstance(v, Indirect) else _table_dims(v, loops, points)
     if dims is not None and computable(v) and (not gathers_only or _gathered(v, loops)):
         if v not in groups.setdefault(dims, []):
             groups[dims].append(v)
