@@ -72,6 +72,7 @@ def reduction_kernel(kw: KernelWriter) -> None:
         tables = _gather_tables(kw)
         kw.pragma(parallel_for(work(k), len(names)))
     stashes = plan(k, scratch=not split)
+    rsplit = _lane_split(k)  # once per kernel: it folds every index expression
     with kw.loops(names, k.x_ranges):
         kw.w.lines(scratch_rows(k, stashes))
         scope = ValueScope(tables)
@@ -80,7 +81,7 @@ def reduction_kernel(kw: KernelWriter) -> None:
                 kw.emit_nodes(loop.nodes, scope)
             else:
                 hoist_invariants(kw, loop, scope)
-                _lane_r_loop(kw, loop, scope, split, stashes.get(i, LoopStashes()))
+                _lane_r_loop(kw, loop, scope, split, stashes.get(i, LoopStashes()), rsplit)
 
 
 def _gather_tables(kw: KernelWriter) -> ValueScope[str]:
@@ -195,13 +196,12 @@ def _results(kw: KernelWriter, loop: Loop, accs: dict[str, Accumulator], prefix:
 
 
 def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
-                 stashes: LoopStashes) -> None:
+                 stashes: LoopStashes, rsplit: Split | None) -> None:
     accs = _accumulators(loop)
     if not accs:
-        _plain_r_loop(kw, loop, scope, split, stashes)
+        _plain_r_loop(kw, loop, scope, None if split else rsplit, stashes, split)
         return
     w = kw.w
-    rsplit = _lane_split(kw.k)
     lanes = rsplit.divisor if rsplit is not None else _lane_count(kw.k.r_ranges[-1])
     for acc in accs.values():
         w.lines(acc.declare("acc_"))
@@ -334,12 +334,11 @@ def _within_outer_r(kw: KernelWriter, split: bool, innermost: str, simd: bool = 
             yield
 
 
-def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
-                  stashes: LoopStashes) -> None:
+def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], rsplit: Split | None,
+                  stashes: LoopStashes, split: bool) -> None:
     """An r loop without reductions (the last pass of a softmax): pointwise over r; split at
-    the divisor of :func:`.divmod_split.reduced_split` where there is one, as the lanes are."""
+    ``rsplit`` (:func:`_lane_split`) where there is one, as the lanes are."""
     k = kw.k
-    rsplit = None if split else _lane_split(k)
     if rsplit is not None:
         d, last = rsplit.divisor, k.r_vars[-1]
         with kw.loops([v.name for v in k.r_vars[:-1]], k.r_ranges[:-1]):
