@@ -9,7 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from coil.decompositions import table
+import functools
+
+from coil.decompositions import core_table, table
 
 aten = torch.ops.aten
 
@@ -29,6 +31,8 @@ def _cases():
     yield aten.nll_loss_forward.default, (torch.randn(3, 8).log_softmax(-1), target, None, 1, -100)
     yield aten.log_sigmoid_forward.default, (torch.randn(4, 5),)
     yield aten.var_mean.correction, (x3, [1]), {"correction": 1}
+    yield aten._softmax.default, (x3 * 4, -1, False)
+    yield aten._softmax.default, (x4.double(), 1, False)
     yield aten._scaled_dot_product_attention_math.default, (torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8), torch.randn(2, 2, 4, 8))
 
 
@@ -56,3 +60,30 @@ def test_decomposition_matches_the_op_on_every_output(case):
 def test_attention_forward_is_never_decomposed():
     """Its backward reads the forward's log-sum-exp; the decomposition returns the weights."""
     assert aten._scaled_dot_product_flash_attention_for_cpu.default not in table()
+
+
+def _same_decomposition(a, b) -> bool:
+    """One function, or the same composite-implicit wrapper (a closure made per lookup)."""
+    if a is b:
+        return True
+    return (isinstance(a, functools.partial) and isinstance(b, functools.partial)
+            and a.func.__code__ is b.func.__code__ and a.args == b.args and a.keywords == b.keywords)
+
+
+def test_core_table_is_pytorchs_core_aten_table():
+    """Coil's one-walk build of the core-ATen table has PyTorch's entries, op for op."""
+    from torch._decomp import core_aten_decompositions
+    fast, slow = core_table(), dict(core_aten_decompositions())
+    assert set(fast) == set(slow)
+    differ = [op for op in slow if not _same_decomposition(fast[op], slow[op])]
+    assert not differ, differ[:5]
+
+
+def test_softmax_multiplies_by_the_reciprocal_and_keeps_empty_inputs_whole():
+    """ATen's CPU softmax multiplies by the row sum's reciprocal; empty inputs are PyTorch's."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    gm = make_fx(lambda x: aten._softmax.default(x, -1, False),
+                 decomposition_table=table())(torch.randn(3, 5))
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert aten.reciprocal.default in targets and aten.div.Tensor not in targets
+    assert table()[aten._softmax.default](torch.randn(0, 4), -1, False) is NotImplemented

@@ -1,4 +1,4 @@
-extern "C" void k0_amax_sub_exp_sum_div(int64_t arg0_addr, int64_t buf2_addr) {
+extern "C" void k0_amax_sub_exp_sum_reciprocal_mul(int64_t arg0_addr, int64_t buf2_addr) {
   auto arg0 = reinterpret_cast<const float*>(arg0_addr);
   auto buf2 = reinterpret_cast<float*>(buf2_addr);
   #pragma omp parallel for collapse(1) if(parallel: 49152 > 16384)
@@ -52,11 +52,12 @@ extern "C" void k0_amax_sub_exp_sum_div(int64_t arg0_addr, int64_t buf2_addr) {
     }
     coil::sum_combine<float>(acc_buf1, lane_buf1[0]);
     float v_buf1 = coil::cast<float>(acc_buf1);
+    float t5 = (float(1) / v_buf1);
     #pragma omp simd
     for (int64_t r0 = 0; r0 < 256; r0++) {
-      float t5 = buf2[(r0 + 256*x0)];
-      float t6 = (t5 / v_buf1);
-      buf2[(r0 + 256*x0)] = coil::cast<float>(t6);
+      float t6 = buf2[(r0 + 256*x0)];
+      float t7 = (t6 * t5);
+      buf2[(r0 + 256*x0)] = coil::cast<float>(t7);
     }
   }
 }
