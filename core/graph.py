@@ -365,6 +365,20 @@ class GraphLowering:
         device = _device_type([], {}, user.meta.get("val"))
         return user.target is operator.getitem or self.registry.lookup(user.target, device) is not None
 
+    def _broadcast_ref(self, v: Lazy, dims: tuple[int, ...], align: bool) -> ir.BufferRef:
+        """``v`` written once along ``dims`` (where eager's argument has stride 0) and passed
+        as a view that broadcasts it there, as eager passes it (:func:`library_args.expanded_dims`)."""
+        size = tuple(sympy.Integer(1) if d in dims else n for d, n in enumerate(v.size))
+        one = Lazy(v.dtype, v.device, size,
+                   lambda idx: v.load([sympy.Integer(0) if d in dims else i for d, i in enumerate(idx)]),
+                   origins=v.origins)
+        layout = Layout(v.dtype, v.device, size, ir.contiguous_strides(size), sympy.Integer(0))
+        if align and not library_args.rows_aligned(layout):
+            layout = library_args.padded_layout(layout)
+        r = self.ctx.realize(one, layout)
+        stride = tuple(sympy.Integer(0) if d in dims else st for d, st in enumerate(r.layout.stride))
+        return ir.BufferRef(r.name, Layout(r.dtype, r.device, tuple(v.size), stride, r.layout.offset))
+
     def _fallback(self, node: torch.fx.Node, args: Any, kwargs: Any, kind: str, reason: str) -> Any:
         """Call the op itself at run time, on realized buffers."""
         if not callable(node.target):
@@ -372,6 +386,8 @@ class GraphLowering:
         self.ctx.fallbacks.append(FallbackRecord(self.ctx.origin, reason, kind))
 
         def to_ref(v: Any, meta: Any, align: bool = False) -> Any:
+            if isinstance(v, Lazy) and library_args.expanded_dims(meta):
+                return self._broadcast_ref(v, library_args.expanded_dims(meta), align)
             if isinstance(v, TensorValue):
                 # the layout eager gives this value, so the op sees (and returns) what it
                 # would in eager; the wrapper still checks what comes back

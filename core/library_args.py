@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import sympy
+import torch
 
 from . import ir
 from .ir import Expr, Layout
@@ -57,3 +58,15 @@ def padded_layout(layout: Layout) -> Layout:
     pitch = ALIGN * FloorDiv(size[-1] + ALIGN - 1, ALIGN)
     strides = ir.contiguous_strides((*size[:-1], pitch))
     return Layout(layout.dtype, layout.device, size, strides, sympy.Integer(0))
+
+
+def expanded_dims(meta: Any) -> tuple[int, ...]:
+    """The dims along which eager passes a broadcast (stride 0, more than one element): an
+    argument ``expand``ed there reads one value per position of the other dims. Coil writes
+    that one value, not the broadcast (Swin's relative-position bias reached the
+    memory-efficient attention kernel written out for each of 4096 windows, 67 MB a layer
+    and 0.4 ms on the H200, where eager passes a 33 KB tensor with stride 0)."""
+    if not isinstance(meta, torch.Tensor):
+        return ()
+    return tuple(d for d, (n, st) in enumerate(zip(meta.size(), meta.stride()))
+                 if isinstance(st, int) and st == 0 and not (isinstance(n, int) and n == 1))

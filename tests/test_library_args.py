@@ -107,3 +107,49 @@ def test_compiled_call_passes_padded_bias_and_matches_eager() -> None:
     torch._dynamo.reset()
     got = torch.compile(fn, backend="coil")(x, bias)
     torch.testing.assert_close(got, x + (torch.tanh(bias) * 3).sum(-1, keepdim=True))
+
+
+def test_expanded_bias_is_written_once_and_passed_broadcast() -> None:
+    """Swin's relative-position bias, [1, H, 49, 49] expanded over the windows as eager's SDPA
+    passes it: written once per head in padded rows, reaching the kernel with stride 0 over
+    the windows (it had been written out for every window)."""
+    def fn(q, table, idx):
+        bias = table[idx].view(49, 49, 3).permute(2, 0, 1).unsqueeze(0)
+        padded = aten.constant_pad_nd(bias, [0, 7])[..., :49]
+        return aten._scaled_dot_product_efficient_attention(q, q, q, padded.expand(8, 3, 49, 49), False)[0]
+
+    q, table, idx = torch.randn(8, 3, 49, 32), torch.randn(169, 3), torch.randint(0, 169, (2401,))
+    args, writes = _extern_args(fn, q, table, idx)
+    assert args[3].layout.stride == (0, 2744, 56, 1)
+    assert writes == 1
+
+
+@torch.library.custom_op("coil_test::strides_seen", mutates_args=())
+def _strides_seen(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """``x + other`` with ``other``'s strides recorded, to see what a library call received."""
+    _SEEN.append(tuple(other.stride()))
+    return x + other
+
+
+@_strides_seen.register_fake
+def _(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_SEEN: list[tuple[int, ...]] = []
+
+
+def test_compiled_call_passes_an_expanded_argument_as_eager_does() -> None:
+    """End to end on the CPU: a computed value expanded along two dims reaches the op with
+    eager's stride-0 dims, holding eager's values."""
+    def fn(x, b):
+        return torch.ops.coil_test.strides_seen(x, (torch.sigmoid(b) * 2).expand(4, 3, 5, 6))
+
+    x, b = torch.randn(4, 3, 5, 6), torch.randn(1, 3, 1, 6)
+    _SEEN.clear()
+    expected = fn(x, b)
+    eager_strides = _SEEN[-1]
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="coil")(x, b)
+    torch.testing.assert_close(got, expected)
+    assert _SEEN[-1] == eager_strides == (0, 6, 0, 1)
