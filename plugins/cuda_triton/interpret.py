@@ -16,18 +16,31 @@ and ``tl.core`` as the interpreter would, routes every JITFunction call to an in
 copy, and restores all of it afterwards, leaving other kernels and ahead-of-time compiles
 untouched. Helpers are real JITFunctions whatever the variable says, and run interpreted
 when an interpreted kernel calls them, so they serve both ways of interpreting. Launches
-are not thread-safe."""
+are not thread-safe.
+
+Triton's interpreter module is imported on the first interpreted call, not with this one: a
+GPU process never needs it, and on the H200 host (no ``.pyc`` files for Triton) importing it
+took 0.25 s of every warm first call."""
 from __future__ import annotations
 
 import contextlib
 import types
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
-from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
+
+
+def _interpreter() -> Any:
+    from triton.runtime import interpreter
+    return interpreter
+
+
+def interpreted_types() -> tuple[type, ...]:
+    """The classes an interpreted kernel may be: none before the interpreter was imported."""
+    import sys
+    module = sys.modules.get("triton.runtime.interpreter")
+    return (module.InterpretedFunction,) if module is not None else ()
 
 
 class Helper(JITFunction):
@@ -35,7 +48,7 @@ class Helper(JITFunction):
     with it) that, when an interpreted kernel calls it, runs interpreted instead of raising."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return InterpretedFunction(self.fn)(*args, **kwargs)
+        return _interpreter().InterpretedFunction(self.fn)(*args, **kwargs)
 
 
 def _lang_probe() -> None:
@@ -46,7 +59,7 @@ _LANG_PROBE = types.FunctionType(_lang_probe.__code__, {"tl": tl, "core": tl.cor
 
 
 def _call_interpreted(self: JITFunction, *args: Any, **kwargs: Any) -> Any:
-    return InterpretedFunction(self.fn)(*args, **kwargs)
+    return _interpreter().InterpretedFunction(self.fn)(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -56,17 +69,19 @@ def interpreting() -> Iterator[None]:
     ``TRITON_INTERPRET=1`` can be launched inside it too, to keep ``tl.core`` clean."""
     # Patch both language modules first, so that whatever nested interpreted calls patch
     # (and never restore) is recorded here and undone below.
-    scope = _interpreter._patch_lang(_LANG_PROBE)
+    import numpy as np
+    interpreter = _interpreter()
+    scope = interpreter._patch_lang(_LANG_PROBE)
     jit_call = JITFunction.__call__
     JITFunction.__call__ = _call_interpreted
-    create_dot = _interpreter.InterpreterBuilder.create_dot
-    _interpreter.InterpreterBuilder.create_dot = _widening_dot(create_dot)
+    create_dot = interpreter.InterpreterBuilder.create_dot
+    interpreter.InterpreterBuilder.create_dot = _widening_dot(create_dot)
     try:
         with np.errstate(all="ignore"):  # IEEE results, as on the GPU, without numpy's warnings
             yield
     finally:
         JITFunction.__call__ = jit_call
-        _interpreter.InterpreterBuilder.create_dot = create_dot
+        interpreter.InterpreterBuilder.create_dot = create_dot
         scope.restore()
 
 
@@ -74,11 +89,13 @@ def _widening_dot(create_dot: Callable[..., Any]) -> Callable[..., Any]:
     """The interpreter's ``tl.dot`` with bfloat16 tiles widened to float32 first: it
     multiplies them as their uint16 bit patterns (triton-lang/triton#11584). Widening is
     exact, as the GPU's MMA units are on bfloat16 products."""
+    import numpy as np
+
     def widen(x: Any) -> Any:
         if x.dtype != tl.bfloat16:
             return x
         bits = x.data.astype(np.uint32) << 16
-        return _interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return _interpreter().TensorHandle(bits.view(np.float32), tl.float32)
 
     def dot(self: Any, a: Any, b: Any, d: Any, *args: Any) -> Any:
         return create_dot(self, widen(a), widen(b), d, *args)
@@ -91,7 +108,7 @@ class InterpretedKernel:
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
-        self._interpreted = InterpretedFunction(fn)
+        self._interpreted = _interpreter().InterpretedFunction(fn)
 
     def __getitem__(self, grid: Any) -> Callable[..., None]:
         def launch(*args: Any, **kwargs: Any) -> None:

@@ -24,11 +24,10 @@ from typing import Any
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import libdevice
-from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
 from . import math_elementary, math_exact, math_random, math_special
-from .interpret import Helper, interpreting, jit
+from .interpret import Helper, interpreted_types, interpreting, jit
 
 __all__ = ["SPELLINGS", "HELPERS", "call", "namespace", "load_source", "interpreting"]
 
@@ -89,4 +88,4 @@ def load_source(source: str, *, interpret: bool, filename: str | None = None) ->
     ns = namespace(interpret)
     exec(compile(source, filename, "exec"), ns)
     return {name: jit(value, interpret=interpret) for name, value in ns.items()
-            if isinstance(value, (JITFunction, InterpretedFunction)) and name not in HELPERS}
+            if isinstance(value, (JITFunction, *interpreted_types())) and name not in HELPERS}
