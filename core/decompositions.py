@@ -10,6 +10,8 @@ from typing import Any, Callable
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
+from . import cia_ops
+
 aten = torch.ops.aten
 log = logging.getLogger(__name__)
 
@@ -98,48 +100,41 @@ OWN: dict[Any, Callable[..., Any]] = {aten.addmm.default: _addmm, aten.baddbmm.d
                                       aten._softmax.default: _softmax}
 
 
-def core_table() -> dict[Any, Callable[..., Any]]:
-    """``dict(core_aten_decompositions())``, the same entries built in one walk of the ops.
+def core_table(folder: str | None = None) -> dict[Any, Callable[..., Any]]:
+    """``dict(core_aten_decompositions())``, the same entries without its walks of the ops.
 
     PyTorch's table (``torch.export``'s ``CustomDecompTable``) materialises the dispatcher's
     composite-implicit ops once per op namespace when first read: 27 walks of every
-    registration, 0.15 s of every process's first compile on the 2-core CPU machine. Here the
-    walk runs once (the ATen namespace's collection does it) and every other namespace is
-    read as it stands. Should the private helpers this needs move, PyTorch's own table is
-    used; ``tests/test_decompositions.py`` checks the two agree."""
+    registration, 0.14 s of every process's first compile on the 2-core CPU machine. Here
+    the list of those ops comes from :mod:`coil.cia_ops` (one walk, or none when an earlier
+    process kept the list in ``folder``). Should the private helpers this needs move,
+    PyTorch's own table is used; ``tests/test_decompositions.py`` checks the two agree."""
     try:
-        return _core_table_in_one_walk()
+        from torch._decomp import _core_aten_decompositions_post_autograd
+        from torch._export.utils import _get_decomp_for_cia
+        from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
+        decomps = _core_aten_decompositions_post_autograd()
+        for op in cia_ops.cia_ops(folder):
+            if op not in decomps and not (op.namespace == "aten" and op in PRESERVED_ATEN_CIA_OPS):
+                decomps[op] = _get_decomp_for_cia(op)
+        return decomps
     except Exception as exc:  # noqa: BLE001 - private helpers of another torch: PyTorch's table
-        log.debug("building the core-ATen table in one walk failed (%s); using PyTorch's", exc)
+        log.debug("building the core-ATen table from the CIA op list failed (%s); using PyTorch's", exc)
         return dict(core_aten_decompositions())
 
 
-def _core_table_in_one_walk() -> dict[Any, Callable[..., Any]]:
-    from torch._decomp import _core_aten_decompositions_post_autograd
-    from torch._export.utils import (_collect_all_valid_cia_ops_for_aten_namespace,
-                                     _get_decomp_for_cia, _is_preservable_cia_op)
-    from torch.export.decomp_utils import PRESERVED_ATEN_CIA_OPS
-    decomps = _core_aten_decompositions_post_autograd()
-    for op in _collect_all_valid_cia_ops_for_aten_namespace():  # materialises every CIA op
-        if op not in PRESERVED_ATEN_CIA_OPS and op not in decomps:
-            decomps[op] = _get_decomp_for_cia(op)
-    for name in list(torch.ops._dir):  # the other namespaces, as the table's materialize()
-        namespace = getattr(torch.ops, name)
-        if name == "aten" or not isinstance(namespace, torch._ops._OpNamespace):
-            continue
-        for packet_name in list(namespace):
-            packet = getattr(namespace, packet_name)
-            for overload in packet.overloads():
-                op = getattr(packet, overload)
-                if op not in decomps and _is_preservable_cia_op(op):
-                    decomps[op] = _get_decomp_for_cia(op)
-    return decomps
+def _cache_folder() -> str | None:
+    try:
+        from .sdk.diskcache import cache_dir
+        return cache_dir("decompositions")
+    except OSError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
 def table() -> dict[Any, Callable[..., Any]]:
     """The decompositions AOTAutograd applies before Coil lowers the graph."""
-    decomps = core_table()
+    decomps = core_table(_cache_folder())
     decomps.update(get_decompositions([op for op in EXTRA if hasattr(aten, op.__name__)]))
     for op in KEEP:
         for overload in ([op] if isinstance(op, torch._ops.OpOverload) else

@@ -70,13 +70,24 @@ def _same_decomposition(a, b) -> bool:
             and a.func.__code__ is b.func.__code__ and a.args == b.args and a.keywords == b.keywords)
 
 
-def test_core_table_is_pytorchs_core_aten_table():
-    """Coil's one-walk build of the core-ATen table has PyTorch's entries, op for op."""
+def test_core_table_is_pytorchs_core_aten_table(tmp_path):
+    """Coil's build of the core-ATen table has PyTorch's entries, op for op: walking the
+    ops, writing their list, and reading it back in a later call."""
     from torch._decomp import core_aten_decompositions
-    fast, slow = core_table(), dict(core_aten_decompositions())
-    assert set(fast) == set(slow)
-    differ = [op for op in slow if not _same_decomposition(fast[op], slow[op])]
-    assert not differ, differ[:5]
+    slow = dict(core_aten_decompositions())
+    for fast in (core_table(None), core_table(str(tmp_path)), core_table(str(tmp_path))):
+        assert set(fast) == set(slow)
+        differ = [op for op in slow if not _same_decomposition(fast[op], slow[op])]
+        assert not differ, differ[:5]
+    assert len(list(tmp_path.glob("cia-*.json"))) == 1
+
+
+def test_cia_list_is_walked_again_when_unreadable(tmp_path):
+    from coil import cia_ops
+    first = cia_ops.cia_ops(str(tmp_path))
+    (path,) = tmp_path.glob("cia-*.json")
+    path.write_text('[["aten", "no_such_op", "default"]]')
+    assert cia_ops.cia_ops(str(tmp_path)) == first  # a name that does not resolve: walked
 
 
 def test_softmax_multiplies_by_the_reciprocal_and_keeps_empty_inputs_whole():
