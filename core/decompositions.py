@@ -11,6 +11,7 @@ import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
 
 from . import cia_ops
+from .sdk.diskcache import cache_dir
 
 aten = torch.ops.aten
 log = logging.getLogger(__name__)
@@ -125,7 +126,6 @@ def core_table(folder: str | None = None) -> dict[Any, Callable[..., Any]]:
 
 def _cache_folder() -> str | None:
     try:
-        from .sdk.diskcache import cache_dir
         return cache_dir("decompositions")
     except OSError:
         return None
