@@ -188,6 +188,9 @@ class GraphLowering:
         self.input_names: set[str] = set()
         self.symbol_sources: dict[sympy.Symbol, tuple[int, str, int]] = {}
         self.constants: dict[str, torch.Tensor] = {}
+        #: (value, its broadcast dims, aligned rows) -> the library argument written for it
+        #: (:meth:`_broadcast_ref`), so one mask read by every layer is written once.
+        self._broadcasts: dict[tuple[int, tuple[int, ...], bool], tuple[Lazy, ir.BufferRef]] = {}
 
     def run(self) -> LoweredGraph:
         position = 0
@@ -327,6 +330,10 @@ class GraphLowering:
         half-precision one (autocast's batch-norm backward upcasts every bf16 gradient it
         reads twice) is stored in the narrow type, and its users widen what they load:
         the same values in half the bytes, where only generated kernels read it."""
+        dims = library_args.expanded_dims(node.meta.get("val"))
+        if dims:  # a broadcast in eager: written once along it (in rows an attention bias can take)
+            ref = self._broadcast_ref(result, dims, align=True)
+            return Realized(result.dtype, result.device, tuple(result.size), ref.name, ref.layout)
         layout = layout_from_meta(node.meta.get("val"))
         narrow = _widened_from(body)
         if narrow is None or layout is None or not all(self._inlines(u) for u in node.users):
@@ -367,7 +374,11 @@ class GraphLowering:
 
     def _broadcast_ref(self, v: Lazy, dims: tuple[int, ...], align: bool) -> ir.BufferRef:
         """``v`` written once along ``dims`` (where eager's argument has stride 0) and passed
-        as a view that broadcasts it there, as eager passes it (:func:`library_args.expanded_dims`)."""
+        as a view that broadcasts it there, as eager passes it (:func:`library_args.expanded_dims`);
+        once per value, however many calls read it."""
+        known = self._broadcasts.get((id(v), dims, align))
+        if known is not None and known[0] is v:
+            return known[1]
         size = tuple(sympy.Integer(1) if d in dims else n for d, n in enumerate(v.size))
         one = Lazy(v.dtype, v.device, size,
                    lambda idx: v.load([sympy.Integer(0) if d in dims else i for d, i in enumerate(idx)]),
@@ -377,7 +388,9 @@ class GraphLowering:
             layout = library_args.padded_layout(layout)
         r = self.ctx.realize(one, layout)
         stride = tuple(sympy.Integer(0) if d in dims else st for d, st in enumerate(r.layout.stride))
-        return ir.BufferRef(r.name, Layout(r.dtype, r.device, tuple(v.size), stride, r.layout.offset))
+        ref = ir.BufferRef(r.name, Layout(r.dtype, r.device, tuple(v.size), stride, r.layout.offset))
+        self._broadcasts[(id(v), dims, align)] = (v, ref)  # v kept: its id is not reused
+        return ref
 
     def _fallback(self, node: torch.fx.Node, args: Any, kwargs: Any, kind: str, reason: str) -> Any:
         """Call the op itself at run time, on realized buffers."""

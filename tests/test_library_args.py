@@ -153,3 +153,31 @@ def test_compiled_call_passes_an_expanded_argument_as_eager_does() -> None:
     got = torch.compile(fn, backend="coil")(x, b)
     torch.testing.assert_close(got, expected)
     assert _SEEN[-1] == eager_strides == (0, 6, 0, 1)
+
+
+def test_broadcast_argument_read_by_two_calls_is_written_once() -> None:
+    """One expanded mask read by two attention calls (a model's layers, after common
+    subexpressions merged their expands) is written once and passed to both."""
+    def fn(q, m):
+        bias = (1.0 - m).unsqueeze(1).expand(8, 3, 49, 56)[..., :49]
+        a = aten._scaled_dot_product_efficient_attention(q, q, q, bias, False)[0]
+        return aten._scaled_dot_product_efficient_attention(a, a, a, bias, False)[0]
+
+    q, m = torch.randn(8, 3, 49, 32), torch.rand(8, 49, 56)
+    gm = make_fx(fn, tracing_mode="fake")(q, m)
+    lowered = GraphLowering(gm, [q, m], lowering_registry(), Config()).run()
+    calls = [n for n in lowered.nodes if isinstance(n, ir.ExternNode)]
+    biases = {(n.args[3].name, n.args[3].layout.stride) for n in calls}
+    assert len(calls) == 2 and len(biases) == 1
+    assert next(iter(biases))[1] == (2744, 0, 56, 1)
+    assert len(lowered.nodes) - len(calls) == 1
+
+
+def test_broadcast_argument_passed_twice_to_one_call_is_written_once() -> None:
+    def fn(b):
+        e = (torch.sigmoid(b) * 2).expand(4, 3, 5, 6)
+        return torch.ops.coil_test.strides_seen(e, e)
+
+    args, writes = _extern_args(fn, torch.randn(1, 3, 1, 6))
+    assert [a.layout.stride for a in args] == [(0, 6, 0, 1)] * 2 and args[0].name == args[1].name
+    assert writes == 1
