@@ -399,8 +399,9 @@ class GraphLowering:
         self.ctx.fallbacks.append(FallbackRecord(self.ctx.origin, reason, kind))
 
         def to_ref(v: Any, meta: Any, align: bool = False) -> Any:
-            if isinstance(v, Lazy) and library_args.expanded_dims(meta):
-                return self._broadcast_ref(v, library_args.expanded_dims(meta), align)
+            dims = library_args.expanded_dims(meta) if isinstance(v, Lazy) else ()
+            if dims:
+                return self._broadcast_ref(v, dims, align)
             if isinstance(v, TensorValue):
                 # the layout eager gives this value, so the op sees (and returns) what it
                 # would in eager; the wrapper still checks what comes back

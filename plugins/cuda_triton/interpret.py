@@ -24,9 +24,11 @@ took 0.25 s of every warm first call."""
 from __future__ import annotations
 
 import contextlib
+import sys
 import types
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
@@ -38,7 +40,6 @@ def _interpreter() -> Any:
 
 def interpreted_types() -> tuple[type, ...]:
     """The classes an interpreted kernel may be: none before the interpreter was imported."""
-    import sys
     module = sys.modules.get("triton.runtime.interpreter")
     return (module.InterpretedFunction,) if module is not None else ()
 
@@ -69,7 +70,6 @@ def interpreting() -> Iterator[None]:
     ``TRITON_INTERPRET=1`` can be launched inside it too, to keep ``tl.core`` clean."""
     # Patch both language modules first, so that whatever nested interpreted calls patch
     # (and never restore) is recorded here and undone below.
-    import numpy as np
     interpreter = _interpreter()
     scope = interpreter._patch_lang(_LANG_PROBE)
     jit_call = JITFunction.__call__
@@ -89,8 +89,6 @@ def _widening_dot(create_dot: Callable[..., Any]) -> Callable[..., Any]:
     """The interpreter's ``tl.dot`` with bfloat16 tiles widened to float32 first: it
     multiplies them as their uint16 bit patterns (triton-lang/triton#11584). Widening is
     exact, as the GPU's MMA units are on bfloat16 products."""
-    import numpy as np
-
     def widen(x: Any) -> Any:
         if x.dtype != tl.bfloat16:
             return x
