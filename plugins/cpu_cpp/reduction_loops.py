@@ -29,6 +29,7 @@ from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import Split, innermost_split, reduced_split
 from .hoist import hoist_invariants
 from .optable import CTYPES
+from . import prefetch
 from .stash import LoopStashes, plan, scratch_rows
 from .tables import table_scope
 
@@ -73,6 +74,7 @@ def reduction_kernel(kw: KernelWriter) -> None:
         kw.pragma(parallel_for(work(k), len(names)))
     stashes = plan(k, scratch=not split)
     rsplit = _lane_split(k)  # once per kernel: it folds every index expression
+    ahead = None if split or rsplit is not None else prefetch.plan(k)
     with kw.loops(names, k.x_ranges):
         kw.w.lines(scratch_rows(k, stashes))
         scope = ValueScope(tables)
@@ -81,7 +83,8 @@ def reduction_kernel(kw: KernelWriter) -> None:
                 kw.emit_nodes(loop.nodes, scope)
             else:
                 hoist_invariants(kw, loop, scope)
-                _lane_r_loop(kw, loop, scope, split, stashes.get(i, LoopStashes()), rsplit)
+                loads = ahead[1] if ahead is not None and ahead[0] == i else []
+                _lane_r_loop(kw, loop, scope, split, stashes.get(i, LoopStashes()), rsplit, loads)
 
 
 def _gather_tables(kw: KernelWriter) -> ValueScope[str]:
@@ -196,7 +199,8 @@ def _results(kw: KernelWriter, loop: Loop, accs: dict[str, Accumulator], prefix:
 
 
 def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
-                 stashes: LoopStashes, rsplit: Split | None) -> None:
+                 stashes: LoopStashes, rsplit: Split | None, ahead: list[Load]) -> None:
+    """An r loop in lanes; ``ahead``: loads to prefetch for the next kept point (:mod:`.prefetch`)."""
     accs = _accumulators(loop)
     if not accs:
         _plain_r_loop(kw, loop, scope, None if split else rsplit, stashes, split)
@@ -212,7 +216,7 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
         with w.block(for_header("lane", str(lanes)), "}"):
             for acc in accs.values():
                 w.lines(acc.init("lane_", "[lane]"))
-        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit)
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead)
         _combine_lanes(kw, accs, lanes)
         with _one_thread_at_a_time(kw, split):
             for acc in accs.values():
@@ -275,12 +279,14 @@ def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
 
 
 def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
-                  split: bool, stashes: LoopStashes, lanes: int, rsplit: Split | None = None) -> None:
+                  split: bool, stashes: LoopStashes, lanes: int, rsplit: Split | None = None,
+                  ahead: list[Load] | None = None) -> None:
     """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
     of the lane arrays, then the leftover elements into the first lanes (either part is left
     out where the size is known and it would not run). With ``rsplit`` (lanes at its divisor,
     which divides the size), a chunk is one value of the split's outer variable and a lane
-    one of its inner, and the indices say so (:func:`.divmod_split.reduced_split`)."""
+    one of its inner, and the indices say so (:func:`.divmod_split.reduced_split`). Each full
+    chunk first prefetches ``ahead`` for the next kept point (:mod:`.prefetch`)."""
     w = kw.w
     last, n = kw.k.r_vars[-1].name, kw.k.r_ranges[-1]
     size = int(n) if n.is_number else None
@@ -289,6 +295,8 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: di
         with _within_outer_r(kw, split, for_header(f"{last}_chunk", full, step=lanes)):
             if rsplit is not None:
                 w.line(f"int64_t {rsplit.hi} = {last}_chunk / {lanes};")
+            if ahead:
+                prefetch.emit(kw, ahead, f"{last}_chunk", lanes)
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
                 w.line(f"int64_t {last} = {last}_chunk + lane;")

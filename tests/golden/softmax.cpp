@@ -33,6 +33,12 @@ extern "C" void k0_amax_sub_exp_sum_reciprocal_mul(int64_t arg0_addr, int64_t bu
       lane_buf1[lane] = float(0);
     }
     for (int64_t r0_chunk = 0; r0_chunk < 256; r0_chunk += 64) {
+      if (x0 + 1 < 64) {
+        for (int64_t ahead = 0; ahead < 64; ahead += 16) {
+          int64_t r0 = r0_chunk + ahead;
+          __builtin_prefetch(&arg0[(256 + r0 + 256*x0)]);
+        }
+      }
       #pragma omp simd
       for (int64_t lane = 0; lane < 64; lane++) {
         int64_t r0 = r0_chunk + lane;
