@@ -92,7 +92,9 @@ def _model_step(name: str, backend: str, device: str, size: str, mode: str) -> A
 
 @contextmanager
 def _coil_share(backend: str) -> Iterator[dict[str, Any]]:
-    """Seconds inside Coil's ``compile_graph`` and the graphs it saw (cached or not)."""
+    """Seconds inside Coil's ``compile_graph``, its key and load of the layer before
+    AOTAutograd (``coil.aot_cache``), the graphs it saw (cached or not) and how many came from
+    that layer (``aot_hits``: no AOTAutograd trace)."""
     share: dict[str, Any] = {}
     if backend != "coil":
         yield share
@@ -100,15 +102,20 @@ def _coil_share(backend: str) -> Iterator[dict[str, Any]]:
     import coil.backend
     from coil.compile import add_observer, remove_observer
     from coil.sdk import cachestats
-    inner = coil.backend.compile_graph
-    share.update(coil_s=0.0, graphs=0, cached=0)
+    wrapped = ("compile_graph", "load_compiled", "_aot_cache_key")  # the names the Dynamo backend calls
+    inner = {name: getattr(coil.backend, name) for name in wrapped}
+    share.update(coil_s=0.0, graphs=0, cached=0, aot_hits=0)
 
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            share["coil_s"] += time.perf_counter() - t0
+    def timed(name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                out = inner[name](*args, **kwargs)
+                share["aot_hits"] += name == "load_compiled" and out is not None
+                return out
+            finally:
+                share["coil_s"] += time.perf_counter() - t0
+        return call
 
     reports: list[Any] = []
 
@@ -117,13 +124,15 @@ def _coil_share(backend: str) -> Iterator[dict[str, Any]]:
         share["cached"] += bool(report.cached)
         reports.append(report)
 
-    coil.backend.compile_graph = timed  # the name the Dynamo backend calls
+    for name in wrapped:
+        setattr(coil.backend, name, timed(name))
     add_observer(observe)
     before = cachestats.snapshot()
     try:
         yield share
     finally:
-        coil.backend.compile_graph = inner
+        for name in wrapped:
+            setattr(coil.backend, name, inner[name])
         remove_observer(observe)
         share["cache"] = (cachestats.snapshot() - before).summary()
         stages: dict[str, float] = {}  # per stage over every graph; first-run stages included

@@ -11,10 +11,10 @@ import torch
 from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import collect, compile_agreement, joint_aliases, plugins
+from . import aot_cache, capture, collect, compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
-from .compile import compile_graph
+from .compile import compile_graph, load_compiled
 from .cse import eliminate_common_subexpressions
 from .decompositions import table
 from .errors import ConfigError
@@ -68,15 +68,58 @@ def _warm_up(example_inputs: Sequence[Any]) -> None:
                 log.debug("warm-up of the %s backend failed: %s", device_type, exc)
 
 
+def _aot_cache_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cfg: Any) -> Any:
+    """The Dynamo graph's key in :mod:`coil.aot_cache`, or None where that layer does not
+    apply (the log says why)."""
+    why = aot_cache.refusal(gm, example_inputs, cfg)
+    if why is not None:
+        log.debug("aot cache: not used: %s", why)
+        return None
+    return aot_cache.key(gm, example_inputs, cfg, plugins.registry())
+
+
+def _from_aot_cache(layer_key: Any, example_inputs: Sequence[Any], cfg: Any) -> Any:
+    """The compiled graph an earlier process made of this Dynamo graph, called as
+    AOTAutograd would call it; None on a miss."""
+    entry = aot_cache.lookup(layer_key)
+    if entry is None:
+        return None
+    fn = load_compiled(entry.graph, example_inputs, cfg, "inference", frozenset(entry.static_inputs))
+    if fn is None:
+        log.debug("aot cache: the graph cache no longer holds entry %s", entry.graph.digest[:16])
+        return None
+    return collect.collecting(aot_cache.call_like_aot(torch._disable_dynamo(fn), entry.disable_amp))
+
+
+def _remembering(layer_key: Any) -> Any:
+    """``compile_graph``'s ``on_key`` for an inference graph: keep the ATen graph's key under
+    the Dynamo graph's when AOTAutograd's wrapper is a plain call."""
+
+    def on_key(graph: Any) -> None:
+        why = aot_cache.plain_wrapper()
+        if why is not None:
+            log.debug("aot cache: not kept: %s", why)
+            return
+        aot_cache.remember(layer_key, aot_cache.Entry(graph, torch._C._is_any_autocast_enabled(),
+                                                      tuple(sorted(capture.static_input_indices()))))
+
+    return on_key
+
+
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
                options: dict[str, Any] | None = None, **unused: Any) -> Any:
     """Dynamo backend entry point."""
     if mode not in MODES:
         raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
-    _warm_up(example_inputs)
     if mode == "reduce-overhead":
         cfg.graph_capture = "on"
+    layer_key = _aot_cache_key(gm, example_inputs, cfg)
+    if layer_key is not None:
+        loaded = _from_aot_cache(layer_key, example_inputs, cfg)
+        if loaded is not None:
+            return loaded
+    _warm_up(example_inputs)
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
         rewrite_attention(gm)
         simplify_masks(gm)
@@ -86,8 +129,9 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         # Dynamo must not trace Coil itself (the backward graph compiles lazily, possibly
         # while a compiled frame runs), nor the wrapper it returns.
         # a backward graph compiles lazily, on its own: ranks agree on it alone
+        on_key = _remembering(layer_key) if kind == "inference" and layer_key is not None else None
         fn = compile_agreement.guarded(f"a {kind} graph", lambda: compile_agreement.graph_digest(graph, inputs),
-                                       cfg.compile_agreement, lambda: compile_graph(graph, inputs, cfg, kind))
+                                       cfg.compile_agreement, lambda: compile_graph(graph, inputs, cfg, kind, on_key))
         fn = torch._disable_dynamo(fn)
         fn._boxed_call = True  # the wrapper takes the argument list (AOTAutograd's boxed convention)
         if kind == "backward":

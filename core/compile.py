@@ -22,6 +22,7 @@ from .config import Config
 from .config import active as config_active
 from .errors import LoweringError
 from .graph import GraphLowering, LoweredGraph
+from .graph_key import GraphKey
 from .graph_report import GraphReport, KernelReport
 from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
@@ -81,11 +82,12 @@ def _hint_fn(example_inputs: Sequence[Any]) -> Callable[[sympy.Expr], int]:
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
-                  kind: str) -> Callable[[list[Any]], Any]:
+                  kind: str, on_key: Callable[[GraphKey], None] | None = None) -> Callable[[list[Any]], Any]:
     """Compile one ATen graph under ``config``, which is also the configuration plugins see
-    (``DeviceBackend.options``) while it compiles; a long compile shows a progress line."""
+    (``DeviceBackend.options``) while it compiles; a long compile shows a progress line.
+    ``on_key`` learns the graph's key in the graph cache (when it has one)."""
     with config_active(config), progress.shown(kind, config.progress) as line:
-        return _compile_graph(gm, example_inputs, config, kind, line)
+        return _compile_graph(gm, example_inputs, config, kind, line, on_key)
 
 
 def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
@@ -128,13 +130,16 @@ INPLACE_API = (0, 7, 0)
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
-                   kind: str, line: progress.QuietLine) -> Callable[[list[Any]], Any]:
+                   kind: str, line: progress.QuietLine,
+                   on_key: Callable[[GraphKey], None] | None = None) -> Callable[[list[Any]], Any]:
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
     donated = donation.donated_positions(kind, example_inputs, config)
     key = graph_cache.key_for(gm, example_inputs, config, kind, reg, donated)  # before passes rewrite gm
     hit = graph_cache.load(key, reg, kind, lambda: f"graph{next(_graph_ids)}") if key else None
+    if key is not None and on_key is not None:
+        on_key(key.key)
     mutates = capture.mutates_inputs(gm)  # before passes rewrite gm
     static = capture.static_input_indices()
     if collectives.in_graph(gm):  # recording runs a graph more than once: its collectives too
@@ -142,16 +147,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     if hit is not None and hit[1].output_strides is not None and not report_strides_possible():
         hit = None  # its saved activations' layouts could not be reported: compile afresh
     if hit is not None:
-        fn, report, modules = hit
-        report_output_strides(report.output_strides)
-        fn = _first_call_timed(fn, report.stage_seconds, "first run")
-        captured, report.capture = _captured(fn, config, kind, mutates, modules, example_inputs, static, reg)
-        fn = _first_call_timed(captured, report.stage_seconds, "capture") if captured is not fn else fn
-        if config.debug_dir:
-            _dump(report, config.debug_dir, modules)
-        for obs in list(_observers):
-            obs(report)
-        return fn
+        report_output_strides(hit[1].output_strides)
+        return _loaded(hit, config, kind, mutates, example_inputs, static, reg)
     # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
@@ -249,6 +246,34 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         fn = selfcheck.checked(fn, selfcheck.CheckedGraph.of(
             name, kind, reference, lowered, sched.steps, example_inputs, config.debug_dir, donated))
     return fn
+
+
+def _loaded(hit: tuple[Callable, GraphReport, dict], config: Config, kind: str, mutates: bool,
+            example_inputs: Sequence[Any], static: frozenset[int], reg: Any) -> Callable[[list[Any]], Any]:
+    """A graph the graph cache loaded, timed, captured and reported as a compiled one is."""
+    fn, report, modules = hit
+    fn = _first_call_timed(fn, report.stage_seconds, "first run")
+    captured, report.capture = _captured(fn, config, kind, mutates, modules, example_inputs, static, reg)
+    fn = _first_call_timed(captured, report.stage_seconds, "capture") if captured is not fn else fn
+    if config.debug_dir:
+        _dump(report, config.debug_dir, modules)
+    for obs in list(_observers):
+        obs(report)
+    return fn
+
+
+def load_compiled(key: GraphKey, example_inputs: Sequence[Any], config: Config, kind: str,
+                  static: frozenset[int]) -> Callable[[list[Any]], Any] | None:
+    """The graph the graph cache holds under ``key`` (an ATen graph's key that
+    :mod:`coil.aot_cache` kept), loaded for ``example_inputs`` without its ATen graph; None
+    when the entry is gone or unusable. Only for graphs of static sizes that mutate no input
+    (what that layer keeps)."""
+    reg = plugins.registry()
+    with config_active(config):
+        hit = graph_cache.load(graph_cache.Ticket(key, None, 0), reg, kind, lambda: f"graph{next(_graph_ids)}")
+        if hit is None:  # (no AOTAutograd to tell the outputs' strides: none needed at run time)
+            return None
+        return _loaded(hit, config, kind, False, example_inputs, static, reg)
 
 
 def _first_call_timed(fn: Callable[[list[Any]], Any], stages: dict[str, float],

@@ -118,6 +118,9 @@ def _callable(fn: Any) -> str:
     if isinstance(fn, torch._ops.HigherOrderOperator):
         return f"hop.{fn.name()}"
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if module and qualname and "<" in qualname:  # made by a factory (F.max_pool2d): its public name
+        found = sys.modules.get(module)
+        qualname = next((name for name, value in vars(found).items() if value is fn), None) if found else None
     if not module or not qualname or "<" in qualname:
         raise Uncacheable(f"target {fn!r} has no importable name")
     return f"{module}.{qualname}"

@@ -385,10 +385,10 @@ def _fail_on_rank_1(kind: str) -> Callable[[], None]:
     from coil import compile as coil_compile
     real = coil_compile._compile_graph
 
-    def failing(gm: Any, example_inputs: Any, config: Any, graph_kind: str, line: Any) -> Any:
+    def failing(gm: Any, example_inputs: Any, config: Any, graph_kind: str, *rest: Any) -> Any:
         if graph_kind == kind and dist.get_rank() == 1:
             raise RuntimeError(f"injected failure compiling a {kind} graph")
-        return real(gm, example_inputs, config, graph_kind, line)
+        return real(gm, example_inputs, config, graph_kind, *rest)
 
     coil_compile._compile_graph = failing
     return lambda: setattr(coil_compile, "_compile_graph", real)

@@ -211,11 +211,13 @@ def test_hits_and_misses_from_the_remote_are_counted(server, tmp_path, monkeypat
         proc.wait()
         with config.override(cache_dir=str(tmp_path / "c")):
             third = coil.explain(_f, x)
-    assert first.cache.get("graph", "miss") == 1 and first.cache.get("graph", "remote_miss") == 1
-    assert first.cache.get("graph", "remote_write") == 1 and first.cache.get("kernel", "remote_write") == 1
-    assert second.cache.get("graph", "remote_hit") == 1 and second.cache.get("graph", "miss") == 0
-    assert "graph 0 hit(s), 0 miss(es), 1 from the remote cache" in str(second)
-    assert third.cache.get("graph", "miss") == 1 and third.cache.get("graph", "remote_error") == 2  # get, put
+    for ns in ("aot", "graphs"):  # the graph layer's namespaces: Dynamo graph (coil.aot_cache), ATen graph
+        assert first.cache.get("graph", "miss", ns) == 1 and first.cache.get("graph", "remote_miss", ns) == 1
+        assert first.cache.get("graph", "remote_write", ns) == 1
+        assert second.cache.get("graph", "remote_hit", ns) == 1 and second.cache.get("graph", "miss", ns) == 0
+        assert third.cache.get("graph", "miss", ns) == 1 and third.cache.get("graph", "remote_error", ns) == 2  # get, put
+    assert first.cache.get("kernel", "remote_write") == 1
+    assert "graph 0 hit(s), 0 miss(es), 2 from the remote cache" in str(second)
     assert "remote cache unavailable" in str(third)
 
 
@@ -229,7 +231,7 @@ def test_cache_clear_empties_coils_namespace_on_the_server_and_nothing_else(serv
     with config.override(cache_dir=str(tmp_path / "a"), remote_cache=url):
         _compile(torch.randn(4, 8))
     ours = _coil_keys(client)
-    assert {k.split(":")[1] for k in ours} == {"graphs", "cpu_cpp"}, ours
+    assert {k.split(":")[1] for k in ours} == {"aot", "graphs", "cpu_cpp"}, ours
     packed = remotecache._pack(b"a payload")
     foreign = {
         "other:graphs:abc.graph": packed,  # another prefix
