@@ -12,7 +12,8 @@ Only graphs whose AOTAutograd wrapper is a plain call are kept, and both ends ch
 * before the trace (:func:`refusal`): an inference graph (no input requires grad, or grad
   mode is off), its inputs plain tensors of static sizes with no two sharing storage, no
   parameters, attributes or submodules of its own, every target a function of ``torch``
-  (outside ``torch.distributed``), ``operator`` or ``math``, every output a tensor; not
+  (outside ``torch.distributed``), ``operator`` or ``math`` or an ``aten``/``prims`` op (not
+  a custom op, not a higher-order op), every output a tensor; not
   under ``torch.distributed``, self-check mode or a graph that flattens its inputs;
 * after the trace (:func:`plain_wrapper`): AOTAutograd's view-and-mutation metadata says
   the graph mutates no input, returns no alias of an input or of another output, carries
@@ -71,7 +72,17 @@ def _target_module(target: Any) -> str:
     return module
 
 
+#: Operator namespaces whose ops are torch's own; a custom op's Python (its implementation or
+#: decomposition, which AOTAutograd may trace into the graph) is not in the key.
+_TORCH_OP_NAMESPACES = ("aten", "prims")
+
+
 def _safe_target(target: Any) -> bool:
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return False
+    if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        qualified = getattr(target, "_qualified_op_name", None) or target.name()  # "ns::op[.overload]"
+        return qualified.split("::")[0] in _TORCH_OP_NAMESPACES
     module = _target_module(target)
     if module.startswith(_UNSAFE_MODULES):
         return False

@@ -128,6 +128,16 @@ def _user_function(x: torch.Tensor) -> torch.Tensor:
     return x + 1
 
 
+@torch.library.custom_op("coil_test::twice", mutates_args=())
+def _twice_op(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@_twice_op.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def test_refusals() -> None:
     cfg = config.get()
     x = torch.randn(4, 4)
@@ -138,6 +148,8 @@ def test_refusals() -> None:
         assert "share storage" in aot_cache.refusal(gm, inputs, cfg)
         gm, inputs = _dynamo_graph(lambda a: _user_function(a) * 2, x)
         assert "not a torch function" in aot_cache.refusal(gm, inputs, cfg)
+        gm, inputs = _dynamo_graph(lambda a: torch.ops.coil_test.twice(a) + 1, x)
+        assert "not a torch function" in aot_cache.refusal(gm, inputs, cfg)  # a custom op's code is not keyed
         image = torch.randn(1, 2, 4, 4)  # F.max_pool2d is made by a factory: keyed by its public name
         gm, inputs = _dynamo_graph(lambda a: torch.nn.functional.max_pool2d(a, 2), image)
         assert aot_cache.refusal(gm, inputs, cfg) is None
