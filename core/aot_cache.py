@@ -25,7 +25,8 @@ off, and with autocast off when any autocast was on at compile time (its casts a
 graph). The key (:func:`key`) is the graph cache's key of the Dynamo graph (its nodes,
 inputs, Coil's config, plugins, versions and sources) plus :func:`state_text`: grad and
 autocast modes, the default dtype, deterministic algorithms and the backend flags that
-decide how torch decomposes an op while tracing (SDPA's kernels, TF32, cuDNN). An entry
+decide how torch decomposes an op while tracing (SDPA's kernels, TF32, cuDNN), and
+AOTAutograd's own knobs (``torch._functorch.config``, those that save portably). An entry
 holds the ATen graph's key; a hit loads that entry from the graph cache, and an entry gone
 from it (evicted, refused) is a miss. The ``graph_cache`` knob turns both layers off."""
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from torch._functorch import config as functorch_config
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .graph_key import GraphKey, Uncacheable, graph_key
@@ -138,6 +140,10 @@ def state_text() -> str:
         except (RuntimeError, TypeError):  # a device type this build does not know
             continue
         parts.append(f"autocast.{device_type}={enabled}/{dtype}")
+    try:  # AOTAutograd's own knobs (those that save portably)
+        parts.append(f"functorch={sorted(functorch_config.save_config_portable().items())!r}")
+    except (AttributeError, TypeError):
+        parts.append("functorch=?")
     backends = torch.backends
     flags = {
         "cuda.flash": backends.cuda.flash_sdp_enabled, "cuda.mem_efficient": backends.cuda.mem_efficient_sdp_enabled,

@@ -1,7 +1,9 @@
 """Shared fixtures: a per-session Coil cache directory and fresh Dynamo state per test."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # Without a GPU, Triton kernels run under Triton's interpreter, which must be chosen before
@@ -16,9 +18,11 @@ import torch  # noqa: E402
 # build its kernels ahead of time afterwards). pytest-xdist's workers (CI runs two) inherit
 # the controller's environment: each makes its own, so a test that counts compiles never
 # sees its neighbour's entries.
+# The folder goes when the process ends (a named one stays: the caller reads it afterwards).
 if "COIL_CACHE_DIR" not in os.environ or os.environ.get("COIL_TEST_OWN_CACHE"):
     os.environ["COIL_TEST_OWN_CACHE"] = "1"
     os.environ["COIL_CACHE_DIR"] = tempfile.mkdtemp(prefix="coil-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["COIL_CACHE_DIR"], ignore_errors=True)
 
 #: ``COIL_TEST_DEVICE=cuda`` makes new tensors CUDA tensors by default, so the differential
 #: tests (``tests/test_compile.py``, ``tests/test_training.py``) run on the GPU, through the

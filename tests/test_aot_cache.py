@@ -189,6 +189,8 @@ def test_every_part_of_the_key_misses_when_it_changes() -> None:
             keys["default dtype"] = aot_cache.key(gm, inputs, config.get(), reg)
         with _deterministic():
             keys["deterministic"] = aot_cache.key(gm, inputs, config.get(), reg)
+        with torch._functorch.config.patch(activation_memory_budget=0.5):
+            keys["functorch config"] = aot_cache.key(gm, inputs, config.get(), reg)
     keys["grad mode"] = aot_cache.key(gm, inputs, config.get(), reg)
     digests = {name: k.digest for name, k in keys.items()}
     assert base.digest not in digests.values(), digests
