@@ -21,17 +21,16 @@ Only graphs whose AOTAutograd wrapper is a plain call are kept, and both ends ch
   mode.
 
 Then the wrapper is what :func:`call_like_aot` does: the compiled graph runs with grad mode
-off, and with autocast off when any autocast was on at compile time (its casts are in the
-graph). The key (:func:`key`) is the graph cache's key of the Dynamo graph (its nodes,
-inputs, Coil's config, plugins, versions and sources) plus :func:`state_text`: grad and
-autocast modes, the default dtype, deterministic algorithms and the backend flags that
+off, and with autocast off when any autocast is on while it is loaded, as AOTAutograd
+decides at compile time (its casts are in the graph). The key (:func:`key`) is the graph cache's key of the Dynamo graph (its nodes,
+inputs, Coil's config, plugins, versions and sources) plus :func:`state_text`: grad mode,
+autocast on the graph's device types, the default dtype, deterministic algorithms and the backend flags that
 decide how torch decomposes an op while tracing (SDPA's kernels, TF32, cuDNN), and
 AOTAutograd's own knobs (``torch._functorch.config``, those that save portably). An entry
 holds the ATen graph's key; a hit loads that entry from the graph cache, and an entry gone
 from it (evicted, refused) is a miss. The ``graph_cache`` knob turns both layers off."""
 from __future__ import annotations
 
-import hashlib
 import logging
 import pickle
 from dataclasses import dataclass
@@ -39,9 +38,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch._functorch import config as functorch_config
+from torch._functorch._aot_autograd.schemas import OutputType
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from .graph_key import GraphKey, Uncacheable, graph_key
+from .graph_key import GraphKey, Uncacheable, devices_of, graph_key
 from .sdk.diskcache import DiskCache
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "aot"
 SUFFIX = ".aot"
 #: Enters every key; raise it when what an entry holds or means changes.
-FORMAT = "coil-aot-cache-1"
+FORMAT = "coil-aot-cache-2"
 
 #: Modules whose functions may be targets of a cached Dynamo graph (their code is versioned
 #: with torch and Python); user functions are not, since their code is not in the key.
@@ -59,11 +59,10 @@ _UNSAFE_MODULES = ("torch.distributed", "torch._C._distributed")
 
 @dataclass(frozen=True)
 class Entry:
-    """What a hit needs: the ATen graph's key in the graph cache, whether the call runs
-    with autocast off, and the inputs whose address stays fixed (for graph capture)."""
+    """What a hit needs: the ATen graph's key in the graph cache and the inputs whose
+    address stays fixed (for graph capture)."""
 
     graph: GraphKey
-    disable_amp: bool
     static_inputs: tuple[int, ...]
 
 
@@ -126,19 +125,20 @@ def refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any
     return None
 
 
-def state_text() -> str:
-    """Global state AOTAutograd's trace reads beyond the graph and its inputs."""
+def state_text(device_types: Sequence[str]) -> str:
+    """Global state AOTAutograd's trace reads beyond the graph and its inputs (autocast: for
+    the ``device_types`` the graph's values live on)."""
     parts = [f"grad={torch.is_grad_enabled()}", f"inference_mode={torch.is_inference_mode_enabled()}",
              f"default_dtype={torch.get_default_dtype()}",
              f"deterministic={torch.are_deterministic_algorithms_enabled()}"
              f"/{torch.is_deterministic_algorithms_warn_only_enabled()}",
              f"autocast_cache={torch.is_autocast_cache_enabled()}",
              f"matmul_precision={torch.get_float32_matmul_precision()}"]
-    for device_type in ("cpu", "cuda", "xpu", "mps", "hpu", "xla"):
+    for device_type in device_types:
         try:
             enabled, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
-        except (RuntimeError, TypeError):  # a device type this build does not know
-            continue
+        except (RuntimeError, TypeError):  # a device type without autocast
+            enabled, dtype = False, None
         parts.append(f"autocast.{device_type}={enabled}/{dtype}")
     try:  # AOTAutograd's own knobs (those that save portably)
         parts.append(f"functorch={sorted(functorch_config.save_config_portable().items())!r}")
@@ -166,17 +166,11 @@ def state_text() -> str:
 def key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any, reg: Any) -> GraphKey | None:
     """The layer's key of the Dynamo graph ``gm``; None when it has no canonical form."""
     try:
-        base = graph_key(gm, example_inputs, config, "aot-inference", reg)
+        return graph_key(gm, example_inputs, config, "aot-inference", reg,
+                         extra={"format_aot": FORMAT, "state": state_text(devices_of(gm, example_inputs))})
     except Uncacheable as why:
         log.debug("aot cache: not keyed: %s", why)
         return None
-    parts = dict(base.parts, format_aot=FORMAT, state=_sha(state_text()))
-    digest = _sha("\n".join(f"{name}={h}" for name, h in parts.items()))
-    return GraphKey(digest, parts, base.environment)
-
-
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _store() -> DiskCache:
@@ -218,8 +212,7 @@ def plain_wrapper() -> str | None:
         return "no AOTAutograd metadata"
     if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
         return "the graph mutates an input"
-    non_alias = type(meta.output_info[0].output_type).non_alias if meta.output_info else None
-    if any(o.output_type != non_alias for o in meta.output_info):
+    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
         return "an output aliases an input or another output"
     checks = {"intermediate bases": meta.num_intermediate_bases, "effect tokens": len(meta.tokens or ()),
               "subclass inputs or outputs": any(type(m).__name__ == "SubclassCreationMeta" for m in
@@ -231,9 +224,11 @@ def plain_wrapper() -> str | None:
     return next((f"the graph has {what}" for what, present in checks.items() if present), None)
 
 
-def call_like_aot(fn: Callable[[list[Any]], Any], disable_amp: bool) -> Callable[..., Any]:
+def call_like_aot(fn: Callable[[list[Any]], Any]) -> Callable[..., Any]:
     """``fn`` (a compiled inference graph, boxed) called as AOTAutograd's inference wrapper
-    calls it: grad mode off, autocast off when it was on while compiling."""
+    calls it: grad mode off, autocast off when any is on now, at compile time (its casts are
+    in the graph)."""
+    disable_amp = torch._C._is_any_autocast_enabled()
 
     def forward(*args: Any) -> Any:
         with torch.no_grad():

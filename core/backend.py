@@ -88,7 +88,7 @@ def _from_aot_cache(layer_key: Any, example_inputs: Sequence[Any], cfg: Any) -> 
     if fn is None:
         log.debug("aot cache: the graph cache no longer holds entry %s", entry.graph.digest[:16])
         return None
-    return collect.collecting(aot_cache.call_like_aot(torch._disable_dynamo(fn), entry.disable_amp))
+    return collect.collecting(aot_cache.call_like_aot(torch._disable_dynamo(fn)))
 
 
 def _remembering(layer_key: Any) -> Any:
@@ -100,8 +100,7 @@ def _remembering(layer_key: Any) -> Any:
         if why is not None:
             log.debug("aot cache: not kept: %s", why)
             return
-        aot_cache.remember(layer_key, aot_cache.Entry(graph, torch._C._is_any_autocast_enabled(),
-                                                      tuple(sorted(capture.static_input_indices()))))
+        aot_cache.remember(layer_key, aot_cache.Entry(graph, tuple(sorted(capture.static_input_indices()))))
 
     return on_key
 

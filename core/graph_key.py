@@ -365,9 +365,10 @@ def source_digest(reg: Any) -> str:
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config, kind: str,
-              reg: Any, donated: Sequence[int] = ()) -> GraphKey:
+              reg: Any, donated: Sequence[int] = (), extra: dict[str, str] | None = None) -> GraphKey:
     """The key of compiling ``gm`` as ``kind`` under ``config`` with the plugins of ``reg``,
-    its inputs at ``donated`` free to be taken over (:mod:`coil.donation`);
+    its inputs at ``donated`` free to be taken over (:mod:`coil.donation`), with ``extra``
+    parts of a caller's own (:mod:`coil.aot_cache`: the global state AOTAutograd reads);
     :class:`Uncacheable` when the graph has no canonical form."""
     devices = devices_of(gm, example_inputs)
     parts = {
@@ -382,6 +383,7 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: C
         "backends": "\n".join(backend_text(reg, d) for d in devices),
         "versions": repr(sorted(versions().items())),
         "source": source_digest(reg),
+        **(extra or {}),
     }
     hashed = {name: _sha(text) for name, text in parts.items()}
     digest = _sha("\n".join(f"{name}={h}" for name, h in hashed.items()))
