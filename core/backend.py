@@ -17,6 +17,7 @@ from .attention import rewrite_attention
 from .compile import compile_graph, load_compiled
 from .cse import eliminate_common_subexpressions
 from .decompositions import table
+from .embedding_partition import partition_smaller
 from .errors import ConfigError
 from .full_masks import simplify_masks
 from .pool_offsets import narrow_saved_indices
@@ -31,7 +32,9 @@ def _partition_fn() -> Any:
     """AOTAutograd's min-cut partitioner, after Coil's joint-graph rewrites: aliases taken out
     (:mod:`coil.joint_aliases`), common subexpressions merged (:mod:`coil.cse`, in place of
     the partitioner's own pass, which imports most of Inductor) and max-pool indices saved as
-    int8 window offsets (:mod:`coil.pool_offsets`)."""
+    int8 window offsets (:mod:`coil.pool_offsets`); a graph with embeddings is partitioned with
+    them whole and as index gathers, and the smaller saved set kept
+    (:mod:`coil.embedding_partition`)."""
     try:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as base
     except ImportError:  # pragma: no cover - older torch
@@ -44,7 +47,7 @@ def _partition_fn() -> Any:
             eliminate_common_subexpressions(joint_module)
         narrow_saved_indices(joint_module)
         with functorch_config.patch(cse=False):
-            return base(joint_module, *args, **kwargs)
+            return partition_smaller(base, joint_module, *args, **kwargs)
 
     return partition
 

@@ -18,12 +18,10 @@ log = logging.getLogger(__name__)
 
 #: Composite ops that core-ATen keeps whole but Coil decomposes so their parts fuse.
 #: ``aten.embedding`` is not one: Coil lowers it whole, as a gather that fuses like the
-#: ``aten.index`` it would decompose to (``coil.lowering.indexing``). Decomposed, the
-#: min-cut partitioner saved the Qwen2-like's first-layer residual sum in float32 where,
-#: with the op whole (as under Inductor), it saves the attention projection's bf16 output
-#: and recomputes the sum (CPU, batch 2: 564.13 against 562.38 MiB saved; on the H200 at
-#: batch 16 a 28 MiB float32 block stood at Coil's peak where Inductor's had a 14 MiB bf16
-#: one, most of run AE's +15 MiB; not re-measured there).
+#: ``aten.index`` it would decompose to (``coil.lowering.indexing``). Whether a training
+#: graph saves less with it whole or as that index differs by model (the Qwen2-like saves
+#: less whole, T5 as an index): ``coil.embedding_partition`` partitions both ways and keeps
+#: the smaller saved set.
 EXTRA = [
     aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.gelu, aten.addmm,
     aten.native_batch_norm, aten._native_batch_norm_legit, aten._native_batch_norm_legit_functional,
