@@ -6,8 +6,10 @@ The ``graph_capture`` knob picks the mode:
 * ``on`` (what ``torch.compile(..., mode="reduce-overhead")`` sets): every graph that can be
   recorded is recorded;
 * ``auto`` (the default): inference graphs only, and the backend keeps the replay only where it
-  measured faster than running the graph's launches one by one on the first call (a graph of
-  many small kernels, where the host is the bottleneck); elsewhere the graph runs as compiled;
+  measured faster than running the graph's launches one by one (a graph of many small kernels,
+  where the host is the bottleneck; the Triton plugin records and measures on the graph's
+  second call, so the first returns without waiting for it); elsewhere the graph runs as
+  compiled;
 * ``off``: nothing is recorded.
 
 A graph is recorded only when one backend runs every kernel, every tensor input lives on that

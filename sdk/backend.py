@@ -298,8 +298,9 @@ class DeviceBackend(Generic[ModuleT]):
         arguments only, and never in ``auto`` mode): ``static_inputs`` are the indices of
         inputs whose address stays fixed across calls (parameters, buffers): record them in
         place instead of copying them, and re-record if such an address changes. With
-        ``measure`` (``graph_capture=auto``), time the replay against ``fn`` itself on the
-        first call and keep the faster. The callable may have a ``describe() -> str`` that
+        ``measure`` (``graph_capture=auto``), time the replay against ``fn`` itself on an
+        early call and keep the faster (the Triton plugin records and times on the second
+        call, so that the first returns as soon as the graph has run). The callable may have a ``describe() -> str`` that
         ``coil.explain`` shows (recorded or not, and the times measured)."""
         return None
 
