@@ -125,3 +125,19 @@ def test_outputs_copied_out_of_a_recording_are_equal_new_memory_with_the_same_st
         assert got.untyped_storage().nbytes() <= 2 * view.numel() * view.element_size()
     else:
         assert got.is_contiguous()
+
+
+@pytest.mark.parametrize("measure, records_on", [(True, 2), (False, 1)])
+def test_the_triton_replay_records_on_the_second_call_when_it_measures(monkeypatch, measure, records_on):
+    """With ``measure`` (``graph_capture=auto``) the first call runs the graph as compiled and
+    returns; the second records (and measures). Under ``on`` the first call records. The
+    recording itself needs CUDA: a stand-in counts when it would start."""
+    from coil_cuda_triton.graphs import GraphReplay
+    ran: list[int] = []
+    replay = GraphReplay(lambda args: ran.append(len(args)) or args[0] + 1, measure=measure)
+    started: list[int] = []
+    monkeypatch.setattr(GraphReplay, "_record", lambda self, args: started.append(self.calls) or self.fn(args))
+    results = [replay([torch.ones(2)]) for _ in range(3)]
+    assert started and started[0] == records_on, started
+    assert "second call" in replay.describe() if measure else "first call" in replay.describe()
+    assert all(torch.equal(r, torch.full((2,), 2.0)) for r in results) and len(ran) == 3
