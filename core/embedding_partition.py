@@ -9,7 +9,9 @@ embeddings (float32, 16 and 8 MiB at batch 16) and its relative-position biases 
 from the ids instead of being saved (T5's peak on the H200 was 24 MiB higher whole).
 
 So a joint graph whose forward looks rows up with ``aten.embedding`` is partitioned twice: as
-traced, and with every such lookup written as ``aten.index`` of its table. The partition whose
+traced, and with every such lookup written as ``aten.index`` of its table, unless no lookup
+could be recomputed in that form either (an output under a quarter of the table's and ids'
+bytes, which the partitioner never recomputes). The partition whose
 saved values (the forward's outputs that only the backward reads) take fewer bytes is kept;
 the lifetime of a parameter or buffer is the caller's, so saving one costs nothing. A tie
 keeps the traced form. The embedding's backward (``embedding_dense_backward``) reads the ids,
@@ -20,6 +22,7 @@ import logging
 from typing import Any, Callable
 
 import torch
+from torch._functorch import config as functorch_config
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -31,10 +34,29 @@ def _lookups(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n.target is aten.embedding.default]
 
 
+def _bytes(node: Any) -> int | None:
+    val = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    numel = val.numel() if isinstance(val, torch.Tensor) else None
+    return numel * val.element_size() if isinstance(numel, int) else None
+
+
+def _recomputable(lookup: torch.fx.Node) -> bool:
+    """Whether the partitioner could recompute ``lookup`` written as an index: it never
+    recomputes an op whose output is under a quarter of its inputs (``ban_recompute_reductions``),
+    as a lookup of a few tokens in a large table is (GPT-2 at 8192 tokens: 50257 rows)."""
+    sizes = [_bytes(lookup), _bytes(lookup.args[0]), _bytes(lookup.args[1])]
+    if any(b is None for b in sizes):
+        return False
+    out, table, ids = sizes
+    return not (functorch_config.ban_recompute_reductions and 4 * out < table + ids)
+
+
 def as_index(joint: torch.fx.GraphModule) -> torch.fx.GraphModule | None:
     """A copy of ``joint`` with each ``aten.embedding`` written as ``aten.index`` of its table,
-    or None when it has none. ``joint`` itself is not changed."""
-    if not _lookups(joint.graph):
+    or None when it has none the partitioner could recompute in that form (then the copy would
+    partition as ``joint`` does, at the cost of a second partition: 0.2-0.4 s on the zoo's
+    transformers). ``joint`` itself is not changed."""
+    if not any(_recomputable(n) for n in _lookups(joint.graph)):
         return None
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}

@@ -220,3 +220,26 @@ def test_an_embedding_lookup_is_recomputed_from_the_ids_when_that_saves_more():
         torch.testing.assert_close(got, want, rtol=2e-2, atol=1e-4)
     # the table is kept (a parameter, alive anyway), the float32 lookup is not
     assert ((100, 64), torch.float32) in saved and ((2, 32, 64), torch.float32) not in saved, saved
+
+
+def test_lookups_as_index_only_where_the_partitioner_could_recompute_them():
+    """The second partition is made only for a lookup whose output is at least a quarter of
+    its table's and ids' bytes (the partitioner never recomputes a smaller one); the copy
+    gathers the same rows and leaves the traced graph as it was."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from coil.embedding_partition import as_index
+
+    def lookup(w, i):
+        return torch.ops.aten.embedding(w, i) * 2
+
+    small_table, many_ids = torch.randn(10, 64), torch.randint(0, 10, (2, 32))
+    traced = make_fx(lookup)(small_table, many_ids)
+    copy = as_index(traced)
+    assert copy is not None
+    targets = [n.target for n in copy.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.index.Tensor in targets and torch.ops.aten.embedding.default not in targets
+    assert torch.ops.aten.embedding.default in [n.target for n in traced.graph.nodes]
+    torch.testing.assert_close(copy(small_table, many_ids), lookup(small_table, many_ids), rtol=0, atol=0)
+    big_table, few_ids = torch.randn(1000, 64), torch.randint(0, 1000, (2, 4))
+    assert as_index(make_fx(lookup)(big_table, few_ids)) is None
