@@ -10,9 +10,9 @@ from the ids instead of being saved (T5's peak on the H200 was 24 MiB higher who
 
 So a joint graph whose forward looks rows up with ``aten.embedding`` is partitioned twice: as
 traced, and with every such lookup written as ``aten.index`` of its table, unless no lookup
-could be recomputed in that form either (an output under a quarter of the table's and ids'
-bytes, which the partitioner never recomputes). The partition whose
-saved values (the forward's outputs that only the backward reads) take fewer bytes is kept;
+could be recomputed in that form either (an output under a quarter of the table's bytes,
+which the partitioner never recomputes) or one is sparse. The partition whose saved values
+(the forward's outputs that only the backward reads) take fewer bytes is kept;
 the lifetime of a parameter or buffer is the caller's, so saving one costs nothing. A tie
 keeps the traced form. The embedding's backward (``embedding_dense_backward``) reads the ids,
 not the forward's lookup, so either form differentiates alike."""
