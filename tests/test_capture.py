@@ -136,7 +136,8 @@ def test_the_triton_replay_records_on_the_second_call_when_it_measures(monkeypat
     ran: list[int] = []
     replay = GraphReplay(lambda args: ran.append(len(args)) or args[0] + 1, measure=measure)
     started: list[int] = []
-    monkeypatch.setattr(GraphReplay, "_record", lambda self, args: started.append(self.calls) or self.fn(args))
+    # the call number that starts a recording: the calls that ran before it, plus one
+    monkeypatch.setattr(GraphReplay, "_record", lambda self, args: started.append(len(ran) + 1) or self.fn(args))
     results = [replay([torch.ones(2)]) for _ in range(3)]
     assert started and started[0] == records_on, started
     assert "second call" in replay.describe() if measure else "first call" in replay.describe()

@@ -5,10 +5,10 @@ nothing may synchronise during capture), then records it. With ``measure``
 (``graph_capture=auto``) that is the second call: the first runs as compiled and returns, so
 a process's first result does not wait for a recording that may be dropped (the recording,
 its warm-up on a side stream and the measurement took 0.12 s of the GPT block's 0.64 s warm
-first call on the H200, and 0.2 s of BERT-base's). Without ``measure`` it is the first call. Inputs the core marks static (parameters,
-buffers) are recorded at their own address; every other tensor input gets a buffer of the
-recording's own, which later calls copy into (skipped when the caller passes that very
-buffer). Outputs are cloned out of the recording's memory, so a result the caller keeps is
+first call on the H200, and 0.2 s of BERT-base's). Without ``measure`` it is the first call.
+Inputs the core marks static (parameters, buffers) are recorded at their own address; every
+other tensor input gets a buffer of the recording's own, which later calls copy into (skipped
+when the caller passes that very buffer). Outputs are cloned out of the recording's memory, so a result the caller keeps is
 never overwritten by the next replay. Calls from several threads take turns (a lock), and a
 replay on another stream first waits for the last one's copies: two callers never share the
 recording's buffers at once.
@@ -83,7 +83,7 @@ class GraphReplay:
         self._copied: list[tuple[int, torch.Tensor]] = []
         self.outputs: Any = None
         self.recordings = 0
-        self.calls = 0  # calls so far: with ``measure``, the first runs without recording
+        self._first_call_due = measure  # with ``measure``, the first call runs without recording
         self.disabled = ""  # why the graph now runs without a recording
         self.timings: tuple[float, float] | None = None  # (replay ms, launches ms)
         self._lock = threading.Lock()
@@ -96,9 +96,9 @@ class GraphReplay:
             return self._call(args)
 
     def _call(self, args: list[Any]) -> Any:
-        self.calls += 1
         if self.graph is None:
-            if self.measure and self.calls == 1:
+            if self._first_call_due:
+                self._first_call_due = False
                 return self.fn(args)
             return self._record(args)
         for i, value in self._scalars:
