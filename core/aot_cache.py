@@ -97,6 +97,14 @@ def _static_tensor(x: Any) -> bool:
 
 def refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) -> str | None:
     """Why the Dynamo graph ``gm`` cannot use this layer; None when it can."""
+    if torch.is_grad_enabled() and any(getattr(x, "requires_grad", False) for x in example_inputs):
+        return "a training graph (an input requires grad)"
+    return graph_refusal(gm, example_inputs, config)
+
+
+def graph_refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any) -> str | None:
+    """Why the Dynamo graph ``gm`` has no key of its own in either layer before AOTAutograd
+    (this one and :mod:`coil.aot_training`); None when it has."""
     if not config.graph_cache or config.check:
         return "the graph cache is off or self-check mode is on"
     if torch.distributed.is_available() and torch.distributed.is_initialized():
@@ -105,10 +113,10 @@ def refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any
         return "the graph flattens its inputs"
     if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()):
         return "the graph module holds parameters or buffers"
+    if any(True for _ in gm.children()):  # saved-tensor hooks arrive as submodules
+        return "the graph module holds submodules"
     if not all(_static_tensor(x) for x in example_inputs):
         return "an input is not a tensor of static size"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
-        return "a training graph (an input requires grad)"
     storages = {StorageWeakRef(x.untyped_storage()) for x in example_inputs}
     if len(storages) != len(example_inputs):
         return "two inputs share storage"
@@ -240,5 +248,5 @@ def call_like_aot(fn: Callable[[list[Any]], Any]) -> Callable[..., Any]:
     return forward
 
 
-__all__ = ["Entry", "refusal", "key", "lookup", "remember", "plain_wrapper", "call_like_aot", "state_text",
+__all__ = ["Entry", "refusal", "graph_refusal", "key", "lookup", "remember", "plain_wrapper", "call_like_aot", "state_text",
            "NAMESPACE", "SUFFIX", "FORMAT"]

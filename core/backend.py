@@ -11,7 +11,7 @@ import torch
 from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import aot_cache, capture, collect, compile_agreement, joint_aliases, plugins
+from . import aot_cache, aot_training, capture, collect, compile_agreement, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph, load_compiled
@@ -94,6 +94,36 @@ def _from_aot_cache(layer_key: Any, example_inputs: Sequence[Any], cfg: Any) -> 
     return collect.collecting(aot_cache.call_like_aot(torch._disable_dynamo(fn)))
 
 
+def _training_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], cfg: Any) -> Any:
+    """The training graph's key in :mod:`coil.aot_training`, or None where that layer does
+    not apply (the log says why)."""
+    why = aot_training.refusal(gm, example_inputs, cfg)
+    if why is not None:
+        log.debug("aot training cache: not used: %s", why)
+        return None
+    return aot_training.key(gm, example_inputs, cfg, plugins.registry())
+
+
+def _from_training_cache(layer_key: Any, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                         cfg: Any) -> Any:
+    """The training graph an earlier process compiled, in AOTAutograd's wrapper rebuilt by
+    torch; None on a miss."""
+    entry = aot_cache.lookup(layer_key)
+    if not isinstance(entry, aot_training.Entry):
+        return None
+    forward = load_compiled(entry.forward, (), cfg, "forward", frozenset())
+    backward = load_compiled(entry.backward, (), cfg, "backward", frozenset()) if forward is not None else None
+    if backward is None:
+        log.debug("aot training cache: the graph cache no longer holds a graph of entry %s", layer_key.digest[:16])
+        return None
+    try:
+        return collect.collecting(aot_training.wrap(entry, forward, backward, gm, example_inputs))
+    except Exception as exc:  # noqa: BLE001 - an entry torch cannot rebuild: trace again
+        log.warning("coil: aot training cache entry %s could not be used (%s: %s)", layer_key.digest[:16],
+                    type(exc).__name__, exc)
+        return None
+
+
 def _remembering(layer_key: Any) -> Any:
     """``compile_graph``'s ``on_key`` for an inference graph: keep the ATen graph's key under
     the Dynamo graph's when AOTAutograd's wrapper is a plain call."""
@@ -121,6 +151,12 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         loaded = _from_aot_cache(layer_key, example_inputs, cfg)
         if loaded is not None:
             return loaded
+    training_key = _training_key(gm, example_inputs, cfg) if layer_key is None else None
+    if training_key is not None:
+        loaded = _from_training_cache(training_key, gm, example_inputs, cfg)
+        if loaded is not None:
+            return loaded
+    recorder = aot_training.Recorder(training_key) if training_key is not None else None
     _warm_up(example_inputs)
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
         rewrite_attention(gm)
@@ -132,6 +168,8 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         # while a compiled frame runs), nor the wrapper it returns.
         # a backward graph compiles lazily, on its own: ranks agree on it alone
         on_key = _remembering(layer_key) if kind == "inference" and layer_key is not None else None
+        if recorder is not None and kind != "inference":
+            on_key = recorder.on_key(kind)
         fn = compile_agreement.guarded(f"a {kind} graph", lambda: compile_agreement.graph_digest(graph, inputs),
                                        cfg.compile_agreement, lambda: compile_graph(graph, inputs, cfg, kind, on_key))
         fn = torch._disable_dynamo(fn)
@@ -147,7 +185,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     # under torch.distributed, one rank's failed compile fails every rank (coil.compile_agreement)
     return collect.collecting(compile_agreement.guarded(
         "a Dynamo graph", lambda: compile_agreement.graph_digest(gm, example_inputs), cfg.compile_agreement,
-        lambda: aot_module_simplified(
+        lambda: _traced(recorder, lambda: aot_module_simplified(
             gm, example_inputs,
             fw_compiler=functools.partial(compiler, "forward"),
             bw_compiler=functools.partial(compiler, "backward"),
@@ -155,4 +193,12 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
             decompositions=table(),
             partition_fn=_partition_fn(),
             keep_inference_input_mutations=True,
-        )))
+        ))))
+
+
+def _traced(recorder: Any, trace: Any) -> Any:
+    """``trace()`` (AOTAutograd), watched by the training layer's recorder when there is one."""
+    if recorder is None:
+        return trace()
+    with recorder.tracing():
+        return trace()
