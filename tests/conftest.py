@@ -65,3 +65,18 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def traces(monkeypatch):
+    """Counts AOTAutograd traces of Coil's backend (the layers before AOTAutograd skip them)."""
+    import coil.backend as coil_backend
+    calls: list[int] = []
+    real = coil_backend.aot_module_simplified
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(coil_backend, "aot_module_simplified", counted)
+    return calls

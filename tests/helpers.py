@@ -98,3 +98,42 @@ def load_bench(name: str) -> ModuleType:
     spec.loader.exec_module(module)
     return module
 
+
+
+#: Prepended to a script by :func:`processes_in_turn`: counts AOTAutograd traces of Coil's
+#: backend in ``calls`` (the layers before AOTAutograd skip them).
+COUNT_TRACES = """
+import coil.backend as cb
+calls = []
+real = cb.aot_module_simplified
+cb.aot_module_simplified = lambda *a, **k: calls.append(1) or real(*a, **k)
+"""
+
+
+def processes_in_turn(script: str, cache_dir: Path, count: int = 2) -> list[dict[str, Any]]:
+    """Run ``script`` (after :data:`COUNT_TRACES`) in ``count`` fresh Python processes one
+    after another, sharing the Coil cache ``cache_dir``; each prints one JSON line last,
+    returned in order."""
+    import json
+    import subprocess
+    env = dict(os.environ, COIL_CACHE_DIR=str(cache_dir))
+    runs = []
+    for _ in range(count):
+        done = subprocess.run([sys.executable, "-c", COUNT_TRACES + script], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The first graph Dynamo hands a backend for ``fn(*args)``, with its example inputs."""
+    seen: list[Any] = []
+
+    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=grab)(*args)
+    return seen[0]

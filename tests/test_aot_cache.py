@@ -6,10 +6,6 @@ each part of the key misses when it changes."""
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
@@ -18,9 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-import coil.backend as coil_backend
 from coil import aot_cache, config, plugins
 from coil.sdk.diskcache import DiskCache
+from helpers import dynamo_graph, processes_in_turn
 
 pytestmark = pytest.mark.graph_cache
 
@@ -29,20 +25,6 @@ pytestmark = pytest.mark.graph_cache
 def _own_cache(tmp_path: Path) -> Any:
     with config.override(cache_dir=str(tmp_path)):
         yield
-
-
-@pytest.fixture
-def traces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts AOTAutograd traces of Coil's backend."""
-    calls: list[int] = []
-    real = coil_backend.aot_module_simplified
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(coil_backend, "aot_module_simplified", counted)
-    return calls
 
 
 def _entries() -> int:
@@ -111,18 +93,6 @@ def test_a_wrapper_that_is_more_than_a_call_is_left_to_aotautograd(fn: Callable[
         torch.testing.assert_close(b, r)
 
 
-def _dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModule, list[Any]]:
-    seen: list[Any] = []
-
-    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        seen.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=grab)(*args)
-    return seen[0]
-
-
 @torch._dynamo.allow_in_graph
 def _user_function(x: torch.Tensor) -> torch.Tensor:
     return x + 1
@@ -142,22 +112,22 @@ def test_refusals() -> None:
     cfg = config.get()
     x = torch.randn(4, 4)
     with torch.no_grad():
-        gm, inputs = _dynamo_graph(lambda a: torch.relu(a) * 2, x)
+        gm, inputs = dynamo_graph(lambda a: torch.relu(a) * 2, x)
         assert aot_cache.refusal(gm, inputs, cfg) is None
-        gm, inputs = _dynamo_graph(lambda a, b: a + b, x, x[1])
+        gm, inputs = dynamo_graph(lambda a, b: a + b, x, x[1])
         assert "share storage" in aot_cache.refusal(gm, inputs, cfg)
-        gm, inputs = _dynamo_graph(lambda a: _user_function(a) * 2, x)
+        gm, inputs = dynamo_graph(lambda a: _user_function(a) * 2, x)
         assert "not a torch function" in aot_cache.refusal(gm, inputs, cfg)
-        gm, inputs = _dynamo_graph(lambda a: torch.ops.coil_test.twice(a) + 1, x)
+        gm, inputs = dynamo_graph(lambda a: torch.ops.coil_test.twice(a) + 1, x)
         assert "not a torch function" in aot_cache.refusal(gm, inputs, cfg)  # a custom op's code is not keyed
         image = torch.randn(1, 2, 4, 4)  # F.max_pool2d is made by a factory: keyed by its public name
-        gm, inputs = _dynamo_graph(lambda a: torch.nn.functional.max_pool2d(a, 2), image)
+        gm, inputs = dynamo_graph(lambda a: torch.nn.functional.max_pool2d(a, 2), image)
         assert aot_cache.refusal(gm, inputs, cfg) is None
         assert aot_cache.key(gm, inputs, cfg, plugins.registry()) is not None
         with config.override(graph_cache=False):
             assert "graph cache is off" in aot_cache.refusal(gm, inputs, config.get())
     w = torch.randn(4, 4, requires_grad=True)
-    gm, inputs = _dynamo_graph(lambda a: a * 2, w)
+    gm, inputs = dynamo_graph(lambda a: a * 2, w)
     assert "training graph" in aot_cache.refusal(gm, inputs, cfg)
     with torch.no_grad():
         assert aot_cache.refusal(gm, inputs, cfg) is None
@@ -167,10 +137,10 @@ def test_every_part_of_the_key_misses_when_it_changes() -> None:
     reg = plugins.registry()
     x = torch.randn(4, 8)
     with torch.no_grad():
-        gm, inputs = _dynamo_graph(lambda a: torch.softmax(a, -1) * 3, x)
+        gm, inputs = dynamo_graph(lambda a: torch.softmax(a, -1) * 3, x)
         base = aot_cache.key(gm, inputs, config.get(), reg)
         assert base == aot_cache.key(gm, inputs, config.get(), reg)
-        other_graph, _ = _dynamo_graph(lambda a: torch.softmax(a, -1) * 4, x)
+        other_graph, _ = dynamo_graph(lambda a: torch.softmax(a, -1) * 4, x)
         keys = {
             "graph": aot_cache.key(other_graph, inputs, config.get(), reg),
             "dtype": aot_cache.key(gm, [x.double()], config.get(), reg),
@@ -239,10 +209,6 @@ def test_an_entry_whose_graph_is_gone_is_traced_again(traces: list[int]) -> None
 SECOND_PROCESS = textwrap.dedent("""
     import json
     import torch, torch.nn as nn
-    import coil.backend as cb
-    calls = []
-    real = cb.aot_module_simplified
-    cb.aot_module_simplified = lambda *a, **k: calls.append(1) or real(*a, **k)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8)).eval()
     x = torch.randn(4, 16)
@@ -253,12 +219,6 @@ SECOND_PROCESS = textwrap.dedent("""
 
 
 def test_a_second_process_skips_aotautograd(tmp_path: Path) -> None:
-    env = dict(os.environ, COIL_CACHE_DIR=str(tmp_path))
-    runs = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = processes_in_turn(SECOND_PROCESS, tmp_path)
     assert [r["traces"] for r in runs] == [1, 0]
     assert all(r["err"] < 1e-5 for r in runs), runs

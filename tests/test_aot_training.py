@@ -6,10 +6,7 @@ buffers and a second backward behave on a hit as on the first compile; each part
 key that AOTAutograd reads misses when it changes."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
+import pickle
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -19,9 +16,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import coil.backend as coil_backend
 from coil import aot_cache, aot_training, config, plugins
 from coil.sdk.diskcache import DiskCache
+from helpers import dynamo_graph, processes_in_turn
 
 pytestmark = pytest.mark.graph_cache
 
@@ -32,25 +29,10 @@ def _own_cache(tmp_path: Path) -> Any:
         yield
 
 
-@pytest.fixture
-def traces(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts AOTAutograd traces of Coil's backend."""
-    calls: list[int] = []
-    real = coil_backend.aot_module_simplified
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(coil_backend, "aot_module_simplified", counted)
-    return calls
-
-
 def _entries() -> list[Any]:
     folder = DiskCache.in_namespace(aot_cache.NAMESPACE, fanout=True).folder
     found = []
     for path in folder.rglob(f"*{aot_cache.SUFFIX}"):
-        import pickle
         found.append(pickle.loads(path.read_bytes())["entry"])
     return [e for e in found if isinstance(e, aot_training.Entry)]
 
@@ -274,18 +256,6 @@ def test_autocast_training_is_loaded_with_its_casts(traces: list[int]) -> None:
     assert len(traces) == 2
 
 
-def _dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModule, list[Any]]:
-    seen: list[Any] = []
-
-    def grab(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        seen.append((gm, list(example_inputs)))
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(fn, backend=grab)(*args)
-    return seen[0]
-
-
 def test_every_part_of_the_key_that_aotautograd_reads_misses_when_it_changes() -> None:
     reg = plugins.registry()
     cfg = config.get()
@@ -294,7 +264,7 @@ def test_every_part_of_the_key_that_aotautograd_reads_misses_when_it_changes() -
         return (a * b).tanh()
 
     a, b = torch.randn(4, 4, requires_grad=True), torch.randn(4, 4, requires_grad=True)
-    gm, inputs = _dynamo_graph(fn, a, b)
+    gm, inputs = dynamo_graph(fn, a, b)
     assert aot_training.refusal(gm, inputs, cfg) is None
     base = aot_training.key(gm, inputs, cfg, reg)
     assert base == aot_training.key(gm, inputs, cfg, reg)
@@ -319,7 +289,7 @@ def test_every_part_of_the_key_that_aotautograd_reads_misses_when_it_changes() -
 def test_refusals() -> None:
     cfg = config.get()
     a = torch.randn(4, 4, requires_grad=True)
-    gm, inputs = _dynamo_graph(lambda x: x.sin() * 2, a)
+    gm, inputs = dynamo_graph(lambda x: x.sin() * 2, a)
     assert aot_training.refusal(gm, inputs, cfg) is None
     with torch.no_grad():
         assert "not a training graph" in aot_training.refusal(gm, inputs, cfg)
@@ -330,7 +300,7 @@ def test_refusals() -> None:
         assert "saved-tensor hooks" in aot_training.refusal(gm, inputs, cfg)
     with config.override(graph_cache=False):
         assert "graph cache is off" in aot_training.refusal(gm, inputs, config.get())
-    gm, inputs = _dynamo_graph(lambda x, y: x + y, a, a[1])
+    gm, inputs = dynamo_graph(lambda x, y: x + y, a, a[1])
     assert "share storage" in aot_training.refusal(gm, inputs, cfg)
 
 
@@ -352,10 +322,6 @@ def test_an_entry_whose_backward_is_gone_is_traced_again(traces: list[int]) -> N
 SECOND_PROCESS = textwrap.dedent("""
     import json
     import torch, torch.nn as nn, torch.nn.functional as F
-    import coil.backend as cb
-    calls = []
-    real = cb.aot_module_simplified
-    cb.aot_module_simplified = lambda *a, **k: calls.append(1) or real(*a, **k)
     torch.manual_seed(0)
     mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8))
     opt = torch.optim.SGD(mlp.parameters(), lr=0.1)
@@ -384,12 +350,6 @@ SECOND_PROCESS = textwrap.dedent("""
 
 
 def test_a_second_process_skips_aotautograd_for_a_training_step(tmp_path: Path) -> None:
-    env = dict(os.environ, COIL_CACHE_DIR=str(tmp_path))
-    runs = []
-    for _ in range(2):
-        done = subprocess.run([sys.executable, "-c", SECOND_PROCESS], env=env, capture_output=True, text=True,
-                              timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    runs = processes_in_turn(SECOND_PROCESS, tmp_path)
     assert [r["traces"] for r in runs] == [1, 0]
     assert all(r["err"] < 1e-5 for r in runs), runs
