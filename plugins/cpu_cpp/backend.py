@@ -13,7 +13,7 @@ import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
 from coil.sdk.ir import Node
 
-from . import cpp, toolchain
+from . import cpp, streaming, toolchain
 from .codegen import KernelWriter
 
 
@@ -90,6 +90,9 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         #: Extra C++ compiler flags, after Coil's ``-O3 -march=native -fopenmp ...`` (a later
         #: flag wins: ``"-O1"``, ``"-fno-tree-vectorize"``, ``"-DNAME=1"``).
         extra_cflags: str = ""
+        #: Write the outputs of kernels that move more bytes than the last-level cache holds
+        #: with streaming (non-temporal) stores (:mod:`.streaming`).
+        streaming: bool = True
 
     def __init__(self) -> None:
         # inplace_reductions: one thread runs a kept point's loops in order (the split
@@ -109,7 +112,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         per_kernel: dict[str, str] = {}
         functions: dict[str, str] = {}
         for k in kernels:
-            text, decl = KernelWriter(k, k.name).generate()
+            text, decl = KernelWriter(k, k.name, llc=streaming.llc_bytes() if self.options.streaming else 0).generate()
             per_kernel[k.name] = text
             renamer = Renamer()
             body = canonical_text(text, k.name, renamer)
@@ -161,14 +164,15 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         return self._load(str(path), entry["decls"], entry["functions"], entry["sources"], entry["source"])
 
     def target_key(self) -> str:
-        """The compiler, the CPU (kernels are built with ``-march=native``) and whether the
-        kernels are written for one thread (:func:`.cpp.serial`)."""
+        """The compiler, the CPU (kernels are built with ``-march=native``), its last-level
+        cache (where stores stream, :mod:`.streaming`) and whether the kernels are written for
+        one thread (:func:`.cpp.serial`)."""
         try:
             cxx = toolchain.compiler_version(toolchain.compiler())
         except sdk.ToolchainError:
             cxx = "no compiler"
         threads = "one thread" if cpp.serial() else "threads"
-        return f"{cxx}; cpu {toolchain.cpu_id()}; {threads}"
+        return f"{cxx}; cpu {toolchain.cpu_id()}; llc {streaming.llc_bytes()}; {threads}"
 
     def prefers_channels_last(self, convolutions: Sequence[sdk.ConvolutionInfo], *,
                               training: bool) -> bool:

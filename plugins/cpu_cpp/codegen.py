@@ -14,9 +14,9 @@ from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, Ker
 from coil.sdk.codegen import ValueScope, ValueVisitor, is_integer_identity
 from coil.sdk.symbolic import fold_divmod
 
-from . import reduction_loops, special, template
+from . import reduction_loops, special, streaming, template
 from .accumulators import accumulator
-from .cpp import for_header, idx, parallel_for
+from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import innermost_split
 from .hoist import hoist_row_invariants
 from .masked_rows import MaskedRows
@@ -28,8 +28,10 @@ from .optable import CTYPES, OPS, literal
 class KernelWriter(ValueVisitor[ValueScope[str], str]):
     """Writes one ``extern "C"`` function for a kernel."""
 
-    def __init__(self, kernel: Kernel, fn_name: str) -> None:
+    def __init__(self, kernel: Kernel, fn_name: str, llc: int = 0) -> None:
         self.k = kernel
+        #: Bytes of the last-level cache where stores may stream (:mod:`.streaming`); 0: never.
+        self.llc = llc
         self.fn_name = fn_name
         self.w = CodeWriter("  ")
         self.counter = 0
@@ -45,6 +47,11 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         #: Masked loads read through row pointers in the pointwise loop nest (see
         #: :mod:`.masked_rows`); none elsewhere.
         self.rows: MaskedRows | None = None
+        #: Set while emitting a loop whose stores stream (see :mod:`.streaming`): store name ->
+        #: (the chunk's local, the loop variable); ``streamed``: store name -> the index of the
+        #: chunk's line, learned from the stores.
+        self.streaming: dict[str, tuple[str, sympy.Symbol]] = {}
+        self.streamed: dict[str, tuple[str, str]] = {}
 
     # -- entry
 
@@ -124,11 +131,27 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         if split is None and len(ranges) > 1:
             self._rows_pointwise(nodes, names, ranges)
             return
+        streams = streaming.plan(self, nodes, self.k.x_vars[0], ranges[0]) if split is None and len(ranges) == 1 else None
+        if streams is not None:
+            self._streamed_flat(nodes, streams)
+            return
         self.pragma(parallel_for(sympy.Mul(*self.k.x_ranges), len(ranges) - 1, simd=len(ranges) == 1))
         with self.loops(names, ranges, "#pragma omp simd" if len(ranges) > 1 else ""):
             if split is not None:
                 self.w.line(f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};")
             self.emit_nodes(nodes, ValueScope())
+
+    def _streamed_flat(self, nodes: list[KernelNode], streams: streaming.Streams) -> None:
+        """A one-dim loop nest whose stores stream (:mod:`.streaming`): the threads share its
+        chunks, each fencing after its share."""
+        if on_one_thread(self.k.x_ranges[0]):
+            with streaming.chunked(self, streams):
+                self.emit_nodes(nodes, ValueScope())
+            return
+        self.w.line(f"#pragma omp parallel {parallel_if(self.k.x_ranges[0])}")
+        with self.w.block("{", "}"):
+            with streaming.chunked(self, streams, "#pragma omp for nowait"):
+                self.emit_nodes(nodes, ValueScope())
 
     def _rows_pointwise(self, nodes: list[KernelNode], names: list[str], ranges: list[sympy.Expr]) -> None:
         """The loop nest with what changes along the innermost loop and few others computed
@@ -144,6 +167,11 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             row: ValueScope[str] = ValueScope(tables)
             hoist_row_invariants(self, bodies, var, row)
             self.rows.bind(row)
+            streams = streaming.plan(self, nodes, var, ranges[-1])
+            if streams is not None:
+                with streaming.chunked(self, streams):
+                    self.emit_nodes(nodes, ValueScope(row))
+                return
             with self.loops(names[-1:], ranges[-1:], "#pragma omp simd"):
                 self.emit_nodes(nodes, ValueScope(row))
 
@@ -192,7 +220,10 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
     def store(self, buf: str, index: sympy.Expr, value: str, dtype: object,
               store_name: str | None = None) -> None:
         t = CTYPES[dtype] if dtype is not None else "auto"  # type: ignore[index]
-        if buf not in self.k.internal:
+        streamed = streaming.store_line(self, store_name or buf, index, value, t) if self.streaming else None
+        if streamed is not None:
+            self.w.line(streamed)
+        elif buf not in self.k.internal:
             self.w.line(f"{store_name or buf}[{self.idx(index)}] = coil::cast<{t}>({value});")
         elif self.lane:
             self.w.line(f"v_{buf}{self.lane} = coil::cast<{t}>({value});")

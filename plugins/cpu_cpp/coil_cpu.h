@@ -9,6 +9,11 @@
 
 #include "coil_vecmath.h"
 
+#include <cstring>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 namespace coil {
 
 // Half-precision storage types. Scoped enums rather than structs or _Float16: scalars, so
@@ -303,6 +308,31 @@ template <typename T> inline void welford_combine(T& mean, T& m2, T& n, T mean_b
   mean = empty_b ? mean : (empty_a ? mean_b : merged_mean);
   m2 = empty_b ? m2 : (empty_a ? m2_b : merged_m2);
   n = total;
+}
+
+// Streaming stores (streaming.py): one 64-byte line, from an aligned local array, written
+// around the caches where the destination is line-aligned (no read of the line first, no
+// eviction of data a later pass reads), with plain stores elsewhere; the fence orders the
+// streamed lines before the stores that follow it (a kernel's end, a thread's last row).
+inline void stream_line(void* dst, const void* src) {
+#if defined(__AVX512F__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
+    _mm512_stream_si512(static_cast<__m512i*>(dst), _mm512_load_si512(src));
+    return;
+  }
+#elif defined(__AVX__)
+  if ((reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
+    _mm256_stream_si256(static_cast<__m256i*>(dst), _mm256_load_si256(static_cast<const __m256i*>(src)));
+    _mm256_stream_si256(static_cast<__m256i*>(dst) + 1, _mm256_load_si256(static_cast<const __m256i*>(src) + 1));
+    return;
+  }
+#endif
+  std::memcpy(dst, src, 64);
+}
+inline void stream_fence() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_sfence();
+#endif
 }
 
 }  // namespace coil

@@ -29,7 +29,7 @@ from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import Split, innermost_split, reduced_split
 from .hoist import hoist_invariants
 from .optable import CTYPES
-from . import prefetch
+from . import prefetch, streaming
 from .stash import LoopStashes, plan, scratch_rows
 from .tables import table_scope
 
@@ -358,6 +358,12 @@ def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], rsplit: 
                         _r_body(kw, loop, scope.child(), {}, "", "", stashes)
         return
     collapse = f" collapse({len(k.r_ranges)})" if len(k.r_ranges) > 1 else ""
+    streams = (streaming.plan(kw, loop.nodes, k.r_vars[0], k.r_ranges[0])
+               if not split and len(k.r_ranges) == 1 and not stashes.writes and not stashes.reads else None)
+    if streams is not None:
+        with streaming.chunked(kw, streams):
+            _r_body(kw, loop, scope.child(), {}, "", "", stashes)
+        return
     if split:
         kw.w.line(f"#pragma omp parallel for simd{collapse} {parallel_if(sympy.Mul(*k.r_ranges))}")
     else:
