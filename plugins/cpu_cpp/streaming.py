@@ -18,8 +18,9 @@ the end of each thread's share. Where:
 * the plugin's ``streaming`` option is on (``COIL_CPU_CPP_STREAMING``, default on) and the
   kernel's static iteration space times the bytes of an element of each input and output
   (what it moves if each is touched once per point) is at least the last-level cache
-  (:func:`llc_bytes`, part of the backend's target key): below that, the output may still be
-  in the cache when the next kernel reads it, which a streaming store would give up;
+  (:func:`llc_bytes`, part of the backend's target key), and the streamed outputs alone at
+  least half of it: below that, the output may still be in the cache when the next kernel
+  reads it, which a streaming store would give up;
 * every output stored in the loop has one element size, dividing 64 bytes, and the loop's
   length is a whole number of lines of at least :data:`MIN_ROW_BYTES` (a fence per row);
 * no node of the loop loads what the loop stores (it would read memory the line has not
@@ -129,6 +130,9 @@ def plan(kw: KernelWriter, nodes: list[KernelNode], var: sympy.Symbol, size: sym
     if not names or len(sizes) != 1 or LINE % next(iter(sizes)):
         return None
     itemsize = sizes.pop()
+    points = int(sympy.Mul(*kw.k.x_ranges, *kw.k.r_ranges))
+    if points * itemsize * len(set(names)) * 2 < kw.llc:
+        return None  # the outputs would fit in half the cache: the next kernel may read them there
     chunk, length = LINE // itemsize, int(size)
     if length % chunk or length * itemsize < MIN_ROW_BYTES:
         return None
