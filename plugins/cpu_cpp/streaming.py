@@ -82,7 +82,8 @@ def llc_bytes() -> int:
 
 
 def _itemsize(kw: KernelWriter, buf: str) -> int:
-    return kw.k.dtypes[buf].itemsize  # type: ignore[union-attr]
+    dtype = kw.k.dtypes.get(buf)
+    return dtype.itemsize if dtype is not None else 0  # type: ignore[union-attr]
 
 
 def moves_more_than_cache(kw: KernelWriter) -> bool:
