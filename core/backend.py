@@ -143,6 +143,11 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     """Dynamo backend entry point."""
     if mode not in MODES:
         raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
+    if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
+        # a graph taking a list (compiled autograd's boxed inputs): Dynamo's helper flattens
+        # the inputs and hands back a GmWrapper, which AOTAutograd calls boxed
+        return torch._dynamo.utils.flatten_graph_inputs(
+            gm, example_inputs, functools.partial(compile_fx, mode=mode, options=options))
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
     if mode == "reduce-overhead":
         cfg.graph_capture = "on"
@@ -158,9 +163,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
             return loaded
     recorder = aot_training.Recorder(training_key) if training_key is not None else None
     _warm_up(example_inputs)
+    graph_module = gm.gm if isinstance(gm, torch._dynamo.utils.GmWrapper) else gm  # flattened inputs
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
-        rewrite_attention(gm)
-        simplify_masks(gm)
+        rewrite_attention(graph_module)
+        simplify_masks(graph_module)
 
     @torch._disable_dynamo
     def compiler(kind: str, graph: torch.fx.GraphModule, inputs: Sequence[Any]) -> Any:
@@ -184,7 +190,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     torch._dynamo.utils.counters["aot_autograd"]["total"] += 1
     # under torch.distributed, one rank's failed compile fails every rank (coil.compile_agreement)
     return collect.collecting(compile_agreement.guarded(
-        "a Dynamo graph", lambda: compile_agreement.graph_digest(gm, example_inputs), cfg.compile_agreement,
+        "a Dynamo graph", lambda: compile_agreement.graph_digest(graph_module, example_inputs), cfg.compile_agreement,
         lambda: _traced(recorder, lambda: aot_module_simplified(
             gm, example_inputs,
             fw_compiler=functools.partial(compiler, "forward"),
