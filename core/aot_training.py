@@ -43,20 +43,19 @@ from .graph_key import GraphKey, Uncacheable, devices_of, graph_key
 log = logging.getLogger(__name__)
 
 #: Enters every key; raise it when what an entry holds or means changes.
-FORMAT = "coil-aot-training-1"
+FORMAT = "coil-aot-training-2"
 
 
 @dataclasses.dataclass(frozen=True)
 class Entry:
     """What a hit needs: the compiled graphs' keys in the graph cache and AOTAutograd's
     values for ``GenericAOTAutogradResult`` (``fields``: its dataclass fields other than the
-    compiled graphs) and for the backward's loadable."""
+    compiled graphs). The backward's own two values are always none: an entry has no
+    backward state input and saves no symbolic size for the backward (both are refused)."""
 
     forward: GraphKey
     backward: GraphKey
     fields: dict[str, Any]
-    backward_state_indices: tuple[int, ...]
-    num_symints_saved_for_bw: int
 
 
 def _saved_tensor_hooks_active() -> bool:
@@ -225,7 +224,7 @@ class Recorder:
             raise ValueError(f"this torch's AOTAutograd result has fields {sorted(known - set(fields))} "
                              f"the layer does not know")
         entry = Entry(self.graphs["forward"], self.graphs["backward"],
-                      {k: v for k, v in fields.items() if k in known}, (), 0)
+                      {k: v for k, v in fields.items() if k in known})
         pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL)  # refuse here what would not load
         return entry
 
@@ -237,11 +236,10 @@ class _Loaded:
     """A loaded compiled graph in the shape torch's result expects of its forward and
     backward (``load``, ``post_compile``, the backward's two counts)."""
 
-    def __init__(self, fn: Callable[[list[Any]], Any], backward_state_indices: Sequence[int] = (),
-                 num_symints_saved_for_bw: int = 0) -> None:
+    def __init__(self, fn: Callable[[list[Any]], Any]) -> None:
         self.fn = fn
-        self.backward_state_indices = list(backward_state_indices)
-        self.num_symints_saved_for_bw_ = num_symints_saved_for_bw
+        self.backward_state_indices: list[int] = []  # none: refused when recording
+        self.num_symints_saved_for_bw_ = 0
 
     def pre_save(self) -> None:
         pass
@@ -266,7 +264,7 @@ def wrap(entry: Entry, forward: Callable[[list[Any]], Any], backward: Callable[[
     ``aot_module_simplified``'s result is."""
     result = _result_class()(
         compiled_fw=_Loaded(_boxed(forward)),
-        compiled_bw=_Loaded(_boxed(backward), entry.backward_state_indices, entry.num_symints_saved_for_bw),
+        compiled_bw=_Loaded(_boxed(backward)),
         **entry.fields)
     compiled = result.wrap_post_compile(list(example_inputs), entry.fields["sanitized_aot_config"], {})
 

@@ -47,11 +47,10 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         #: Masked loads read through row pointers in the pointwise loop nest (see
         #: :mod:`.masked_rows`); none elsewhere.
         self.rows: MaskedRows | None = None
-        #: Set while emitting a loop whose stores stream (see :mod:`.streaming`): store name ->
-        #: (the chunk's local, the loop variable); ``streamed``: store name -> the index of the
-        #: chunk's line, learned from the stores.
-        self.streaming: dict[str, tuple[str, sympy.Symbol]] = {}
-        self.streamed: dict[str, tuple[str, str]] = {}
+        #: Set while emitting a loop whose stores stream (see :mod:`.streaming`); ``streamed``:
+        #: store name -> the index of the chunk's line, learned from the stores.
+        self.streams: streaming.Streams | None = None
+        self.streamed: dict[str, str] = {}
 
     # -- entry
 
@@ -220,7 +219,7 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
     def store(self, buf: str, index: sympy.Expr, value: str, dtype: object,
               store_name: str | None = None) -> None:
         t = CTYPES[dtype] if dtype is not None else "auto"  # type: ignore[index]
-        streamed = streaming.store_line(self, store_name or buf, index, value, t) if self.streaming else None
+        streamed = streaming.store_line(self, store_name or buf, index, value, t) if self.streams else None
         if streamed is not None:
             self.w.line(streamed)
         elif buf not in self.k.internal:

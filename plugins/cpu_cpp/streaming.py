@@ -100,12 +100,11 @@ def moves_more_than_cache(kw: KernelWriter) -> bool:
 @dataclass(frozen=True)
 class Streams:
     """A loop that streams: its variable, length, chunk (elements per line) and the store
-    names it streams (each an output of the kernel)."""
+    names it streams (each an output of the kernel) with their C++ element types."""
 
     var: sympy.Symbol
     length: int
     chunk: int
-    names: tuple[str, ...]
     ctypes: dict[str, str]
 
 
@@ -114,7 +113,6 @@ def plan(kw: KernelWriter, nodes: list[KernelNode], var: sympy.Symbol, size: sym
     where it stores as before."""
     if not size.is_number or not moves_more_than_cache(kw):
         return None
-    names: list[str] = []
     sizes: set[int] = set()
     ctypes: dict[str, str] = {}
     for kn in nodes:
@@ -125,57 +123,55 @@ def plan(kw: KernelWriter, nodes: list[KernelNode], var: sympy.Symbol, size: sym
             continue
         if sympy.diff(kn.store_index, var) != 1:
             return None
-        names.append(kn.stores[0])
         sizes.add(kn.node.layout.dtype.itemsize)
         ctypes[kn.stores[0]] = CTYPES[kn.node.layout.dtype]
-    if not names or len(sizes) != 1 or LINE % next(iter(sizes)):
+    if not ctypes or len(sizes) != 1 or LINE % next(iter(sizes)):
         return None
     itemsize = sizes.pop()
     points = int(sympy.Mul(*kw.k.x_ranges, *kw.k.r_ranges))
-    if points * itemsize * len(set(names)) * 2 < kw.llc:
+    if points * itemsize * len(ctypes) * 2 < kw.llc:
         return None  # the outputs would fit in half the cache: the next kernel may read them there
     chunk, length = LINE // itemsize, int(size)
     if length % chunk or length * itemsize < MIN_ROW_BYTES:
         return None
-    stored = set(names) | {kn.node.outputs()[0] for kn in nodes}
+    stored = set(ctypes) | {kn.node.outputs()[0] for kn in nodes}
     for kn in nodes:
         if any(isinstance(v, Load) and v.buffer in stored for v in unmasked(kn.body)):
             return None
-    return Streams(var, length, chunk, tuple(dict.fromkeys(names)), ctypes)
+    return Streams(var, length, chunk, ctypes)
 
 
 @contextlib.contextmanager
 def chunked(kw: KernelWriter, streams: Streams, pragma: str = "") -> Iterator[None]:
     """The loop of ``streams`` in chunks of a line (``pragma`` before it: an ``omp for``
     sharing the chunks): the body, emitted inside, stores into the chunk's locals
-    (``kw.streaming``), which are then streamed; a fence after the loop."""
+    (``kw.streams`` set meanwhile), which are then streamed; a fence after the loop."""
     v, chunk = streams.var.name, streams.chunk
-    kw.streaming = {name: (f"s_{name}", streams.var) for name in streams.names}
+    kw.streams, kw.streamed = streams, {}
     try:
         kw.pragma(pragma)
         with kw.w.block(for_header(f"{v}_c", sympy.Integer(streams.length), step=chunk), "}"):
-            for name in streams.names:
-                kw.w.line(f"alignas(64) {streams.ctypes[name]} s_{name}[{chunk}];")
+            for name, ctype in streams.ctypes.items():
+                kw.w.line(f"alignas(64) {ctype} s_{name}[{chunk}];")
             kw.w.line("#pragma omp simd")
             with kw.w.block(for_header(v, f"{v}_c + {chunk}", start=f"{v}_c"), "}"):
                 yield
-            for name, (index, _) in kw.streamed.items():
-                kw.w.line(f"coil::stream_line(&{name}[{index}], s_{name});")
+            for name, start in kw.streamed.items():
+                kw.w.line(f"coil::stream_line(&{name}[{start}], s_{name});")
     finally:
-        kw.streaming = {}
-        kw.streamed = {}
+        kw.streams, kw.streamed = None, {}
     kw.w.line("coil::stream_fence();")
 
 
 def store_line(kw: KernelWriter, store_name: str, index: sympy.Expr, value: str, ctype: str) -> str | None:
     """The store into a streamed chunk's local, or None when ``store_name`` is not streamed;
     remembers the line's index (the store's, at the chunk's start)."""
-    if store_name not in kw.streaming:
+    if kw.streams is None or store_name not in kw.streams.ctypes:
         return None
-    local, var = kw.streaming[store_name]
-    start = kw.idx(sympy.sympify(index).subs(var, sympy.Symbol(f"{var.name}_c", integer=True, nonnegative=True)))
-    kw.streamed[store_name] = (start, var.name)
-    return f"{local}[{var.name} - {var.name}_c] = coil::cast<{ctype}>({value});"
+    var = kw.streams.var
+    start = sympy.Symbol(f"{var.name}_c", integer=True, nonnegative=True)
+    kw.streamed[store_name] = kw.idx(sympy.sympify(index).subs(var, start))
+    return f"s_{store_name}[{var.name} - {start}] = coil::cast<{ctype}>({value});"
 
 
 __all__ = ["plan", "chunked", "store_line", "llc_bytes", "Streams", "LINE", "MIN_ROW_BYTES"]
