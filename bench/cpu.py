@@ -3,7 +3,8 @@
 Usage::
 
     python bench/cpu.py [--backends eager,inductor,coil] [--workloads softmax,layernorm,...]
-                        [--repeat N] [--markdown-out FILE] [--threads N] [--pin-malloc]
+                        [--repeat N] [--markdown-out FILE] [--json-out FILE] [--threads N]
+                        [--pin-malloc] [--no-bandwidth]
 
 Every backend other than ``eager`` is used as ``torch.compile(fn, backend=NAME)``,
 so any registered dynamo backend name works (e.g. ``aot_eager`` as a stand-in
@@ -37,6 +38,12 @@ Columns of the table:
   only meaningful for bandwidth-bound workloads, so it is shown as ``-`` for the
   matmul-bound GPT block and MLP step (their ideal bytes are still listed in
   the per-workload table, computed the same way).  1 GB = 1e9 bytes.
+* ``% of bandwidth`` (its own section, after the results): a bandwidth-bound row's GB/s
+  divided by the machine's memory bandwidth measured at the start of the same run, with the
+  same thread count, by ``bandwidth.py``: the better of a read (``x.sum()``, bytes =
+  numel*4) and a copy (``dst.copy_(src)``, bytes = 2*numel*4, write-allocate traffic not
+  counted, as in STREAM) over float32 tensors of at least 4x the L3; median of several calls
+  after a warm-up.  ``--no-bandwidth`` skips the measurement (the section says so).
 * ``first call s``: wall time of the very first call of the compiled function,
   i.e. including dynamo tracing and backend compilation (and the backward
   compile for the training step).  Cache dirs (TORCHINDUCTOR_CACHE_DIR,
@@ -57,14 +64,20 @@ soon as every core is busy (a parallel region waits for a descheduled
 thread); the report warns when ``background cores`` is high, and ``--threads N``
 (``torch.set_num_threads`` before anything compiles) keeps the numbers usable.
 
+``--json-out FILE`` writes every number of the report, the bandwidth measurement included, as
+JSON.
+
 This script runs the benchmark; the workloads are in ``cpu_workloads.py``, the interleaved
-timing in ``cpu_timing.py`` and the report in ``cpu_report.py``.
+timing in ``cpu_timing.py``, the bandwidth measurement in ``bandwidth.py`` and the report in
+``cpu_report.py`` (the bandwidth section and the JSON are written here).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
+import json
 import logging
 import os
 import shlex
@@ -72,10 +85,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
-from common import (CACHE_ENV_VARS, Tensors, cache_env, compare, ideal_bytes_of,  # bench/ is on sys.path
-                    log_failure, sample_stats)
+from bandwidth import Bandwidth, measure as measure_bandwidth  # bench/ is on sys.path
+from common import (CACHE_ENV_VARS, Tensors, cache_env, compare, fmt, ideal_bytes_of, log_failure,
+                    markdown_table, sample_stats)
 from cpu_report import EAGER, INDUCTOR, Result, WorkloadInfo, render_markdown
 from cpu_timing import time_interleaved
 from cpu_workloads import WORKLOADS, Workload, make_step
@@ -161,6 +176,63 @@ def run_workload(workload: Workload, backends: Sequence[str], repeat: int) -> Wo
 
 
 # --------------------------------------------------------------------------- #
+# Share of the measured bandwidth; JSON
+# --------------------------------------------------------------------------- #
+
+#: The share of the measured bandwidth that the sums, layer norm and RMS norm should reach.
+TARGET_SHARE = 0.8
+
+
+def share_of_bandwidth(info: WorkloadInfo, res: Result, bw: Bandwidth | None) -> float | None:
+    """``res``'s GB/s over the measured bandwidth, for a timed bandwidth-bound workload; else None."""
+    if bw is None or not info.workload.bandwidth_bound or res.gbps is None:
+        return None
+    return res.gbps / bw.reference_gbps
+
+
+def bandwidth_markdown(infos: Sequence[WorkloadInfo], backends: Sequence[str], bw: Bandwidth | None) -> list[str]:
+    """The report's section on the measured bandwidth: the figures and each row's share of them."""
+    lines = ["", "## Share of the memory bandwidth measured in this run", ""]
+    if bw is None:
+        return lines + ["- not measured (`--no-bandwidth`)"]
+    lines += [f"- measured bandwidth: {bw.describe()}",
+              "- read = `x.sum()`, bytes = numel*4; copy = `dst.copy_(src)`, bytes = 2*numel*4 (write-allocate "
+              f"traffic not counted, as in STREAM); each the median of {bw.repeat} calls after a warm-up",
+              "- % of bandwidth = the row's GB/s / the measured bandwidth, for bandwidth-bound workloads; "
+              f"the sums and norms should reach {TARGET_SHARE:.0%}"]
+    bound = [info for info in infos if info.workload.bandwidth_bound]
+    cached = [info.workload.name for info in bound if info.ideal_bytes <= bw.cache_bytes]
+    if cached:  # the timed calls reuse the same inputs, so these are served from cache, not memory
+        lines.append(f"- **{', '.join(cached)}: ideal bytes fit in the last-level cache "
+                     f"({bw.cache_bytes / 2**20:.0f} MiB)**, so repeated calls run from cache and can pass 100%")
+    rows = []
+    for info in bound:
+        shares = (share_of_bandwidth(info, info.results[b], bw) for b in backends)
+        rows.append([info.workload.name, f"{info.ideal_bytes / 2**20:.1f}",
+                     *(fmt(None if s is None else s * 100, "{:.0f}") for s in shares)])
+    return lines + [""] + markdown_table(["workload", "ideal MiB", *(f"{b} % of bandwidth" for b in backends)],
+                                         rows, [False, True, *(True for _ in backends)])
+
+
+def report_json(infos: Sequence[WorkloadInfo], backends: Sequence[str], bw: Bandwidth | None,
+                **meta: Any) -> dict[str, Any]:
+    """Every number of the report; ``pct_of_bandwidth`` is None where the markdown shows '-'."""
+    workloads = []
+    for info in infos:
+        results = {}
+        for backend in backends:
+            res = info.results[backend]
+            share = share_of_bandwidth(info, res, bw)
+            fields = {k: v for k, v in dataclasses.asdict(res).items() if k not in ("workload", "backend")}
+            results[backend] = {**fields, "pct_of_bandwidth": None if share is None else share * 100}
+        workloads.append({"name": info.workload.name, "description": info.workload.description,
+                          "bandwidth_bound": info.workload.bandwidth_bound, "ideal_bytes": info.ideal_bytes,
+                          "background_cores": info.background_cores, "results": results})
+    return {**meta, "backends": list(backends), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "bandwidth": None if bw is None else bw.as_json(), "workloads": workloads}
+
+
+# --------------------------------------------------------------------------- #
 # Entry point
 # --------------------------------------------------------------------------- #
 
@@ -189,11 +261,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="comma-separated subset of: " + ",".join(WORKLOADS) + " (default: all)")
     p.add_argument("--repeat", type=int, default=10, help="timing samples per measurement (default: 10)")
     p.add_argument("--markdown-out", metavar="FILE", help="also write the markdown report to FILE")
+    p.add_argument("--json-out", metavar="FILE", help="write every number of the report as JSON to FILE")
     p.add_argument("--threads", type=int, default=None,
                    help="torch.set_num_threads(N) before anything compiles (default: torch's default)")
     p.add_argument("--pin-malloc", action="store_true",
                    help="pin glibc's mmap threshold (32 MiB) and disable heap trimming, so freed "
                         "intermediates are reused without page faults (default: glibc's own behaviour)")
+    p.add_argument("--no-bandwidth", action="store_true",
+                   help="skip measuring the memory bandwidth (and the '%% of bandwidth' section) for a quick run")
     args = p.parse_args(argv)
     unknown = [w for w in args.workloads if w not in WORKLOADS]
     if unknown:
@@ -218,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         malloc = ("pinned: mmap threshold 32 MiB, trimming off" if pin_glibc_malloc()
                   else "--pin-malloc requested but mallopt() failed; default behaviour")
     start = time.perf_counter()
+    bw = None if args.no_bandwidth else measure_bandwidth()  # once, before anything else runs
     saved_env = {var: os.environ.get(var) for var in CACHE_ENV_VARS}
     with tempfile.TemporaryDirectory(prefix="coil-bench-cache-") as cache_root:
         os.environ.update(cache_env(cache_root))
@@ -231,12 +307,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ.pop(var, None)
         else:
             os.environ[var] = value
-    report = render_markdown(infos, args.backends, args.repeat, command, time.perf_counter() - start, malloc,
-                             warmup_errors)
+    wall_s = time.perf_counter() - start
+    report = render_markdown(infos, args.backends, args.repeat, command, wall_s, malloc, warmup_errors)
+    report += "\n".join(bandwidth_markdown(infos, args.backends, bw)) + "\n"
     sys.stdout.write(report)
     if args.markdown_out:
         with open(args.markdown_out, "w") as f:
             f.write(report)
+    if args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump(report_json(infos, args.backends, bw, command=command, repeat=args.repeat, malloc=malloc,
+                                  wall_s=wall_s, warmup_errors=warmup_errors), f, indent=1)
     log.info("done in %.0fs", time.perf_counter() - start)
     return 0
 
