@@ -6,6 +6,7 @@ from __future__ import annotations
 import sympy
 
 import coil
+from coil.sdk import cachestats
 from coil_cuda_triton import build_budget, configs
 from coil_cuda_triton.configs import Config
 from coil_cuda_triton.launch import Launcher
@@ -41,8 +42,11 @@ def test_a_large_graph_tunes_its_largest_kernels_within_the_budget(tmp_path):
 def test_kernels_without_a_choice_are_not_counted(tmp_path):
     with coil.config.override(cache_dir=str(tmp_path)):
         one = _launcher("small", 512)  # one candidate: nothing to tune
+        before = cachestats.snapshot()
         assert len(one.to_build()) == 1
         assert build_budget.tuned([one], builders=1) == []
+        # nor looked up: a warm process's explain showed such kernels as autotune misses
+        assert (cachestats.snapshot() - before).get("autotune", "miss") == 0
 
 
 def test_an_untuned_launcher_builds_and_launches_its_first_candidate(tmp_path):

@@ -156,10 +156,13 @@ class Launcher:
         candidate (symbolic sizes: none yet, their candidates depend on the size bucket)."""
         if self.interpret or not self.static:
             return []
+        candidates = self.candidates(())
+        if len(candidates) == 1:  # nothing to tune, so nothing on disk to ask for
+            return candidates
         if self._cached_winner is None:  # asked once: the lookup may go to a remote cache
             self._cached_winner = (self.cache.get(self._tune_key(None)),)
         winner = self._cached_winner[0]
-        return [winner] if winner else self.candidates(())
+        return [winner] if winner else candidates
 
     def skip_tuning(self) -> None:
         """Build and launch the first candidate alone (the build budget's choice)."""
