@@ -82,3 +82,17 @@ def test_a_long_inner_reduction_settles_its_lanes(op):
     assert "unsettled" in _source(r)
     eager_err = max((fn(x).double() - exact).abs().item(), 1e-8)
     assert (r.result.double() - exact).abs().item() < 20 * eager_err
+
+
+@pytest.mark.parametrize("shape", [(37, 4100), (3, 100003), (64, 64), (5, 70)])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_welford_over_full_chunks_counts_once_per_chunk(shape, dynamic):
+    """Inner and split schedules: a Welford state's count and its reciprocal once per full
+    chunk (``welford_update_n``), the leftover elements per lane; against eager's var_mean
+    and layer norm, at sizes with and without leftovers, settled (100003) or not."""
+    x = torch.randn(*shape) * 3 + 2
+    r = check(lambda x: torch.var_mean(x, -1), x, atol=1e-4, rtol=1e-4, dynamic=dynamic)
+    assert "welford_update_n" in _source(r)
+    w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
+    check(lambda x, w, b: torch.nn.functional.layer_norm(x, (shape[-1],), w, b), x, w, b,
+          atol=1e-4, rtol=1e-4, dynamic=dynamic)

@@ -47,6 +47,13 @@ class Accumulator:
         args = [*self.refs(prefix, lane), value] + ([index] if self.takes_index else [])
         return f"coil::{self.kind}_update<{self.ctype}>({', '.join(args)});"
 
+    def update_counted(self, prefix: str, lane: str, value: str, count: str, weight: str) -> str:
+        """A Welford update whose new count ``count`` and its reciprocal ``weight`` are the
+        same for every lane (full chunks of the inner schedule), computed once per chunk: a
+        division per element where each lane divided by its own count."""
+        assert self.kind == "welford"
+        return f"coil::welford_update_n<{self.ctype}>({', '.join(self.refs(prefix, lane))}, {value}, {count}, {weight});"
+
     def combine(self, prefix: str, lane: str, other_prefix: str, other_lane: str) -> str:
         args = self.refs(prefix, lane) + self.refs(other_prefix, other_lane)
         return f"coil::{self.kind}_combine<{self.ctype}>({', '.join(args)});"

@@ -190,8 +190,9 @@ def _flat_r(k: Kernel) -> str:
 
 
 def _r_body(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
-            prefix: str, lane: str, stashes: LoopStashes) -> None:
-    """One (x, r) point of an r loop: pointwise nodes, and updates of the lane's states."""
+            prefix: str, lane: str, stashes: LoopStashes, counted: bool = False) -> None:
+    """One (x, r) point of an r loop: pointwise nodes, and updates of the lane's states
+    (``counted``: Welford states take their count from the chunk, see ``_counts``)."""
     for s in stashes.reads:
         scope[s.value] = kw.value(Load(s.value.dtype, buffer=s.buffer, index=s.index), scope)
     for kn in loop.nodes:
@@ -199,7 +200,11 @@ def _r_body(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str
         if acc is None:
             kw.emit_nodes([kn], scope)
         else:
-            kw.w.line(acc.update(prefix, lane, kw.value(kn.body, scope), _flat_r(kw.k)))
+            value = kw.value(kn.body, scope)
+            if counted and acc.kind == "welford":
+                kw.w.line(acc.update_counted(prefix, lane, value, f"count_{acc.name}", f"weight_{acc.name}"))
+            else:
+                kw.w.line(acc.update(prefix, lane, value, _flat_r(kw.k)))
     for s in stashes.writes:
         kw.w.line(f"{s.buffer}[{kw.idx(s.index)}] = {kw.value(s.value, scope)};")
 
@@ -232,6 +237,8 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
     with _parallel_region(kw, split):
         if settle:
             w.line("int64_t unsettled = 0;")
+        for acc in _counts(accs):  # full chunks counted by the thread (see _lanes_over_r)
+            w.line(f"{acc.ctype} count_{acc.name} = 0;")
         for prefix in ("lane_", "mid_") if settle else ("lane_",):
             for acc in accs.values():
                 w.lines(acc.declare(prefix, lanes))
@@ -326,16 +333,20 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: di
                 w.line(f"int64_t {rsplit.hi} = {last}_chunk / {lanes};")
             if ahead:
                 prefetch.emit(kw, ahead, f"{last}_chunk", lanes)
+            for acc in _counts(accs):  # every lane's Welford count is the thread's full chunks
+                w.line(f"count_{acc.name} += {acc.ctype}(1);")
+                w.line(f"const {acc.ctype} weight_{acc.name} = {acc.ctype}(1) / count_{acc.name};")
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
                 w.line(f"int64_t {last} = {last}_chunk + lane;")
                 if rsplit is not None:
                     w.line(f"int64_t {rsplit.lo} = lane;")
                 with _substituted(kw, rsplit):
-                    _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
+                    _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes, counted=True)
             if settle:  # every SETTLE chunks, the lanes' partial states into the settled ones
                 with w.block(f"if (++unsettled == {SETTLE}) {{", "}"):
                     w.line("unsettled = 0;")
+                    w.lines([f"count_{acc.name} = 0;" for acc in _counts(accs)])
                     w.line("#pragma omp simd")
                     with w.block(for_header("lane", str(lanes)), "}"):
                         for acc in accs.values():
@@ -345,6 +356,12 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: di
         with _within_outer_r(kw, split, for_header(last, n, start=full), simd=True):
             w.line(f"int64_t lane = {last} - {full};")
             _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
+
+
+def _counts(accs: dict[str, Accumulator]) -> list[Accumulator]:
+    """The Welford states whose count the full chunks keep once per thread: every lane starts
+    at 0 and takes one element per full chunk, so all lanes have the same count there."""
+    return [acc for acc in accs.values() if acc.kind == "welford"]
 
 
 @contextlib.contextmanager
