@@ -96,3 +96,15 @@ def test_welford_over_full_chunks_counts_once_per_chunk(shape, dynamic):
     w, b = torch.randn(shape[-1]), torch.randn(shape[-1])
     check(lambda x, w, b: torch.nn.functional.layer_norm(x, (shape[-1],), w, b), x, w, b,
           atol=1e-4, rtol=1e-4, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "cross_entropy", "norm_then_sum"])
+def test_kernels_with_several_settled_reductions(op):
+    """Rows long enough that each of a kernel's reduction loops settles its lanes (a softmax's
+    maximum and sum of exponentials): each loop declares its own state."""
+    x = torch.randn(6, 8200)
+    fns = {"softmax": lambda x: x.softmax(-1), "log_softmax": lambda x: x.log_softmax(-1),
+           "cross_entropy": lambda x: torch.nn.functional.cross_entropy(x, torch.arange(6) * 7),
+           "norm_then_sum": lambda x: (torch.nn.functional.layer_norm(x, (8200,)) * x).sum(-1)}
+    r = check(fns[op], x, atol=1e-4, rtol=1e-4)
+    assert _source(r).count("unsettled_") >= 2

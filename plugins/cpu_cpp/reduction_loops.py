@@ -235,8 +235,9 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
     per_lane = sympy.Mul(*kw.k.r_ranges) / lanes
     settle = not per_lane.is_number or per_lane > SETTLE
     with _parallel_region(kw, split):
+        settled = f"unsettled_{next(iter(accs))}"  # a kernel's r loops each have their own
         if settle:
-            w.line("int64_t unsettled = 0;")
+            w.line(f"int64_t {settled} = 0;")
         for acc in _counts(accs):  # full chunks counted by the thread (see _lanes_over_r)
             w.line(f"{acc.ctype} count_{acc.name} = 0;")
         for prefix in ("lane_", "mid_") if settle else ("lane_",):
@@ -246,7 +247,8 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
             with w.block(for_header("lane", str(lanes)), "}"):
                 for acc in accs.values():
                     w.lines(acc.init(prefix, "[lane]"))
-        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead, settle)
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead,
+                      settled if settle else None)
         if settle:  # the last partial states after the settled ones, back into the lanes
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
@@ -316,7 +318,7 @@ def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
 
 def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
                   split: bool, stashes: LoopStashes, lanes: int, rsplit: Split | None = None,
-                  ahead: list[Load] | None = None, settle: bool = False) -> None:
+                  ahead: list[Load] | None = None, settle: str | None = None) -> None:
     """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
     of the lane arrays, then the leftover elements into the first lanes (either part is left
     out where the size is known and it would not run). With ``rsplit`` (lanes at its divisor,
@@ -344,8 +346,8 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: di
                 with _substituted(kw, rsplit):
                     _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes, counted=True)
             if settle:  # every SETTLE chunks, the lanes' partial states into the settled ones
-                with w.block(f"if (++unsettled == {SETTLE}) {{", "}"):
-                    w.line("unsettled = 0;")
+                with w.block(f"if (++{settle} == {SETTLE}) {{", "}"):
+                    w.line(f"{settle} = 0;")
                     w.lines([f"count_{acc.name} = 0;" for acc in _counts(accs)])
                     w.line("#pragma omp simd")
                     with w.block(for_header("lane", str(lanes)), "}"):
