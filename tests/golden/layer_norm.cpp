@@ -8,6 +8,7 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
     float acc_buf0_mean = float(0);
     float acc_buf0_m2 = float(0);
     float acc_buf0_n = float(0);
+    float count_buf0 = 0;
     float lane_buf0_mean[64];
     float lane_buf0_m2[64];
     float lane_buf0_n[64];
@@ -24,11 +25,13 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
           __builtin_prefetch(&arg0[(256 + r0 + 256*x0)]);
         }
       }
+      count_buf0 += float(1);
+      const float weight_buf0 = float(1) / count_buf0;
       #pragma omp simd
       for (int64_t lane = 0; lane < 64; lane++) {
         int64_t r0 = r0_chunk + lane;
         float t1 = arg0[(r0 + 256*x0)];
-        coil::welford_update<float>(lane_buf0_mean[lane], lane_buf0_m2[lane], lane_buf0_n[lane], t1);
+        coil::welford_update_n<float>(lane_buf0_mean[lane], lane_buf0_m2[lane], lane_buf0_n[lane], t1, count_buf0, weight_buf0);
       }
     }
     #pragma GCC unroll 8
