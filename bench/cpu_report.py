@@ -1,18 +1,22 @@
-"""The CPU benchmark's results (``bench/cpu.py``) and its markdown report: the machine, the
-workloads, one row per workload and backend, and geometric means over the workloads.
+"""The CPU benchmark's results (``bench/cpu.py``) and its reports: the markdown (the machine,
+the workloads, one row per workload and backend, geometric means over the workloads, and each
+bandwidth-bound row's share of the bandwidth measured in the run) and the JSON of every number.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import platform
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from common import fmt, md_cell, passed  # bench/ is on sys.path
+from bandwidth import Bandwidth  # bench/ is on sys.path
+from common import fmt, markdown_table, md_cell, passed
 from cpu_timing import MIN_SAMPLE_S, WARMUP_CALLS
 from cpu_workloads import Workload
 
@@ -141,3 +145,60 @@ def _contention_warning(infos: Sequence[WorkloadInfo]) -> list[str]:
 
 def _passed(r: Result) -> bool:
     return r.median_s is not None and passed(r.check)
+
+
+# --------------------------------------------------------------------------- #
+# Share of the measured bandwidth; JSON
+# --------------------------------------------------------------------------- #
+
+#: The share of the measured bandwidth that the sums, layer norm and RMS norm should reach.
+TARGET_SHARE = 0.8
+
+
+def share_of_bandwidth(info: WorkloadInfo, res: Result, bw: Bandwidth | None) -> float | None:
+    """``res``'s GB/s over the measured bandwidth, for a timed bandwidth-bound workload; else None."""
+    if bw is None or not info.workload.bandwidth_bound or res.gbps is None:
+        return None
+    return res.gbps / bw.reference_gbps
+
+
+def bandwidth_markdown(infos: Sequence[WorkloadInfo], backends: Sequence[str], bw: Bandwidth | None) -> list[str]:
+    """The report's section on the measured bandwidth: the figures and each row's share of them."""
+    lines = ["", "## Share of the memory bandwidth measured in this run", ""]
+    if bw is None:
+        return lines + ["- not measured (`--no-bandwidth`)"]
+    lines += [f"- measured bandwidth: {bw.describe()}",
+              "- read = `x.sum()`, bytes = numel*4; copy = `dst.copy_(src)`, bytes = 2*numel*4 (write-allocate "
+              f"traffic not counted, as in STREAM); each the median of {bw.repeat} calls after a warm-up",
+              "- % of bandwidth = the row's GB/s / the measured bandwidth, for bandwidth-bound workloads; "
+              f"the sums and norms should reach {TARGET_SHARE:.0%}"]
+    bound = [info for info in infos if info.workload.bandwidth_bound]
+    cached = [info.workload.name for info in bound if info.ideal_bytes <= bw.cache_bytes]
+    if cached:  # the timed calls reuse the same inputs, so these are served from cache, not memory
+        lines.append(f"- **{', '.join(cached)}: ideal bytes fit in the last-level cache "
+                     f"({bw.cache_bytes / 2**20:.0f} MiB)**, so repeated calls run from cache and can pass 100%")
+    rows = []
+    for info in bound:
+        shares = (share_of_bandwidth(info, info.results[b], bw) for b in backends)
+        rows.append([info.workload.name, f"{info.ideal_bytes / 2**20:.1f}",
+                     *(fmt(None if s is None else s * 100, "{:.0f}") for s in shares)])
+    return lines + [""] + markdown_table(["workload", "ideal MiB", *(f"{b} % of bandwidth" for b in backends)],
+                                         rows, [False, True, *(True for _ in backends)])
+
+
+def report_json(infos: Sequence[WorkloadInfo], backends: Sequence[str], bw: Bandwidth | None,
+                **meta: Any) -> dict[str, Any]:
+    """Every number of the report; ``pct_of_bandwidth`` is None where the markdown shows '-'."""
+    workloads = []
+    for info in infos:
+        results = {}
+        for backend in backends:
+            res = info.results[backend]
+            share = share_of_bandwidth(info, res, bw)
+            fields = {k: v for k, v in dataclasses.asdict(res).items() if k not in ("workload", "backend")}
+            results[backend] = {**fields, "pct_of_bandwidth": None if share is None else share * 100}
+        workloads.append({"name": info.workload.name, "description": info.workload.description,
+                          "bandwidth_bound": info.workload.bandwidth_bound, "ideal_bytes": info.ideal_bytes,
+                          "background_cores": info.background_cores, "results": results})
+    return {**meta, "backends": list(backends), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "bandwidth": None if bw is None else bw.as_json(), "workloads": workloads}

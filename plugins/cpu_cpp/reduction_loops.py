@@ -233,11 +233,11 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
     for acc in accs.values():
         w.lines(acc.declare("acc_"))
     per_lane = sympy.Mul(*kw.k.r_ranges) / lanes
-    settle = not per_lane.is_number or per_lane > SETTLE
+    # the counter of chunks since the lanes last settled; a kernel's r loops each have their own
+    settle = f"unsettled_{next(iter(accs))}" if not per_lane.is_number or per_lane > SETTLE else None
     with _parallel_region(kw, split):
-        settled = f"unsettled_{next(iter(accs))}"  # a kernel's r loops each have their own
         if settle:
-            w.line(f"int64_t {settled} = 0;")
+            w.line(f"int64_t {settle} = 0;")
         for acc in _counts(accs):  # full chunks counted by the thread (see _lanes_over_r)
             w.line(f"{acc.ctype} count_{acc.name} = 0;")
         for prefix in ("lane_", "mid_") if settle else ("lane_",):
@@ -247,8 +247,7 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
             with w.block(for_header("lane", str(lanes)), "}"):
                 for acc in accs.values():
                     w.lines(acc.init(prefix, "[lane]"))
-        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead,
-                      settled if settle else None)
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead, settle)
         if settle:  # the last partial states after the settled ones, back into the lanes
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
@@ -324,7 +323,8 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: di
     out where the size is known and it would not run). With ``rsplit`` (lanes at its divisor,
     which divides the size), a chunk is one value of the split's outer variable and a lane
     one of its inner, and the indices say so (:func:`.divmod_split.reduced_split`). Each full
-    chunk first prefetches ``ahead`` for the next kept point (:mod:`.prefetch`)."""
+    chunk first prefetches ``ahead`` for the next kept point (:mod:`.prefetch`). ``settle``:
+    the counter after whose ``SETTLE`` chunks the lanes settle (``mid_`` states), or None."""
     w = kw.w
     last, n = kw.k.r_vars[-1].name, kw.k.r_ranges[-1]
     size = int(n) if n.is_number else None
