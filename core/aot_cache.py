@@ -238,12 +238,18 @@ def call_like_aot(fn: Callable[[list[Any]], Any]) -> Callable[..., Any]:
     in the graph)."""
     disable_amp = torch._C._is_any_autocast_enabled()
 
+    set_grad = torch._C._set_grad_enabled  # a plain switch: ``no_grad()`` costs microseconds a call
+
     def forward(*args: Any) -> Any:
-        with torch.no_grad():
+        grad_was = torch.is_grad_enabled()
+        set_grad(False)
+        try:
             if disable_amp:
                 with torch._C._DisableAutocast():
                     return fn(list(args))
             return fn(list(args))
+        finally:
+            set_grad(grad_was)
 
     return forward
 
