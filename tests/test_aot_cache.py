@@ -222,3 +222,25 @@ def test_a_second_process_skips_aotautograd(tmp_path: Path) -> None:
     runs = processes_in_turn(SECOND_PROCESS, tmp_path)
     assert [r["traces"] for r in runs] == [1, 0]
     assert all(r["err"] < 1e-5 for r in runs), runs
+
+
+def test_the_call_runs_without_grad_and_restores_grad_mode_even_when_it_raises() -> None:
+    seen: list[bool] = []
+
+    def graph(args: list[Any]) -> Any:
+        seen.append(torch.is_grad_enabled())
+        if args[0] is None:
+            raise RuntimeError("boom")
+        return (args[0] * 2,)
+
+    forward = aot_cache.call_like_aot(graph)
+    with torch.enable_grad():
+        out = forward(torch.ones(3, requires_grad=True))
+        assert torch.is_grad_enabled() and not out[0].requires_grad
+        with pytest.raises(RuntimeError, match="boom"):
+            forward(None)
+        assert torch.is_grad_enabled()
+    with torch.no_grad():
+        forward(torch.ones(3))
+        assert not torch.is_grad_enabled()
+    assert seen == [False, False, False]
