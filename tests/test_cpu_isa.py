@@ -99,8 +99,8 @@ def test_depthwise_window_and_a_training_step(built_for):
 def test_bf16_round_trip_in_float_lanes(built_for):
     """``float -> bf16 -> float`` (eager's rounding between two bf16 ops) is one float-lane
     rounding in the kernel, bit-equal to eager's round trip: 2^22 random bit patterns, the
-    halfway cases, the largest finite values, infinities and NaNs (NaN only as NaN: ATen
-    returns one canonical NaN, Coil keeps the payload)."""
+    halfway cases, the largest finite values, infinities and NaNs (NaN only as NaN: both
+    make one canonical NaN, ATen's vector and scalar conversions not the same one)."""
     g = torch.Generator().manual_seed(0)
     bits = torch.randint(-2**31, 2**31, (1 << 22,), dtype=torch.int64, generator=g).to(torch.int32)
     special = torch.tensor([0x3f808000, 0x3f818000, 0x3f80_7fff, 0x7f7f_ffff, -0x0080_0001,

@@ -195,8 +195,8 @@ def _bf16_inputs() -> torch.Tensor:
 
 def test_bf16_rounding_matches_torch_bit_for_bit():
     """Float32 to bf16 (a store) and to bf16 and back in float lanes (inside a kernel): the
-    bits of eager's conversion, except that a NaN keeps its sign and payload where ATen's
-    conversion makes one canonical NaN."""
+    bits of eager's conversion for every number; every NaN stays a NaN (Coil makes each one the
+    canonical quiet NaN, as ATen's scalar conversion does)."""
     x = _bf16_inputs()
     for fn, marker in ((lambda t: t.to(torch.bfloat16), "cast<coil::bf16>"),
                        (lambda t: t.to(torch.bfloat16).float() * 2.0, "round_bf16")):

@@ -57,25 +57,27 @@ inline int64_t outer_block(int64_t n, int64_t widest = OUTER_BLOCK_MAX) {
 
 // The conversions are branch-free bit arithmetic (selects, not jumps) so that the loops
 // holding them vectorise; results equal ATen's scalar conversions bit for bit, except that a
-// NaN keeps its sign (and for bf16 its payload) where ATen makes one canonical NaN.
+// NaN becomes one canonical quiet NaN, as in ATen's scalar conversion.
 inline float to_float(bf16 x) { return bits_as<float>(static_cast<uint32_t>(x) << 16); }
 
+// A NaN made the canonical quiet NaN (0x7fc00000: its low 16 bits are zero), which the rounding below
+// leaves a NaN. A float compare and a masked move: cheaper in vector lanes than testing the
+// bits and then building a quiet NaN from the payload (bias+GELU+residual in bf16, three
+// roundings an element, one thread: 13.5 -> 12.6 ms in a C++ harness).
+inline uint32_t quiet_nan_bits(float f) {
+  return bits_as<uint32_t>(f != f ? __builtin_nanf("") : f);
+}
+
 inline bf16 to_bf16(float f) {
-  uint32_t u = bits_as<uint32_t>(f);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // round to nearest even
-  uint32_t quiet_nan = (u >> 16) | 0x40u;
-  bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<bf16>(nan ? quiet_nan : rounded);
+  uint32_t u = quiet_nan_bits(f);
+  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
 }
 
 // to_float(to_bf16(f)) in float lanes: the same bits, without narrowing to 16 bits and back
-// (the rounding below cannot carry out of 32 bits for any non-NaN input).
+// (the rounding cannot carry out of 32 bits: a NaN is quiet with a zero low half by then).
 inline float round_bf16(float f) {
-  uint32_t u = bits_as<uint32_t>(f);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  uint32_t quiet_nan = (u | 0x400000u) & 0xffff0000u;
-  bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return bits_as<float>(nan ? quiet_nan : rounded);
+  uint32_t u = quiet_nan_bits(f);
+  return bits_as<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
 }
 
 inline float to_float(fp16 h) {
