@@ -18,6 +18,7 @@ from . import reduction_loops, special, streaming, template
 from .accumulators import accumulator
 from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import innermost_split
+from .half_nan import nan_low_half_clear
 from .hoist import hoist_row_invariants
 from .masked_rows import MaskedRows
 from .tables import table_scope
@@ -267,7 +268,10 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
                 and inner.x is not None and inner.x.dtype == torch.float32):
             # a float rounded to bf16 and widened again (eager's rounding between two bf16 ops):
             # the same bits without the trip through 16-bit lanes (6-8% on a bf16 chain)
-            return f"coil::round_bf16({self.value(inner.x, scope)})"
+            rounding = "round_bf16_nan_clean" if nan_low_half_clear(inner.x) else "round_bf16"
+            return f"coil::{rounding}({self.value(inner.x, scope)})"
+        if v.dtype == torch.bfloat16 and inner is not None and inner.dtype == torch.float32 and nan_low_half_clear(inner):
+            return f"coil::to_bf16_nan_clean({self.value(inner, scope)})"
         return f"coil::cast<{CTYPES[v.dtype]}>({self.value(v.x, scope)})"  # type: ignore[arg-type]
 
     def visit_op(self, v: Op, scope: ValueScope[str]) -> str:
