@@ -39,14 +39,19 @@ class Block(nn.Module):
         return x + self.out(F.gelu(self.fc(self.ln2(x))))
 
 
-def _median_ms(fn: Callable[[], Any], repeat: int = 20) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def _side_by_side(eager: Callable[[], Any], compiled: Callable[[], Any], rounds: int = 9,
+                  calls: int = 10) -> tuple[float, float]:
+    """Median ms per call of each function: ``rounds`` rounds of ``calls`` calls, the two
+    functions taking turns round by round, so that a slow spell of the machine weighs on both."""
+    eager(), compiled()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(rounds):
+        for fn, out in ((eager, times[0]), (compiled, times[1])):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            out.append((time.perf_counter() - t0) * 1e3 / calls)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def _show(title: str, report: Any, verbose: bool) -> None:
@@ -75,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.testing.assert_close(report.result, expected, atol=1e-4, rtol=1e-4)
         compiled = torch.compile(block, backend="coil")
         compiled(x)
-        eager_ms, coil_ms = _median_ms(lambda: block(x)), _median_ms(lambda: compiled(x))
+        eager_ms, coil_ms = _side_by_side(lambda: block(x), lambda: compiled(x))
     _show("GPT block (inference)", report, args.source)
     print(f"  matches eager; eager {eager_ms:.3f} ms, coil {coil_ms:.3f} ms")
 
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     for p, q in zip(mlp.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
     compiled_step = torch.compile(step, backend="coil")
-    eager_ms, coil_ms = _median_ms(lambda: step(ref)), _median_ms(lambda: compiled_step(mlp))
+    eager_ms, coil_ms = _side_by_side(lambda: step(ref), lambda: compiled_step(mlp))
     _show("MLP training step (forward + backward)", report, args.source)
     print(f"  loss and gradients match eager; eager {eager_ms:.3f} ms, coil {coil_ms:.3f} ms")
 
