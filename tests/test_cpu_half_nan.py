@@ -62,6 +62,22 @@ def test_a_bf16_chain_keeps_eagers_bits_with_the_shortcut():
     assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
 
 
+def test_selects_and_square_roots_of_bf16_values_keep_eagers_bits():
+    x = _bf16_specials()
+    y = x.flip(0)
+
+    def fn(x, y):
+        return torch.maximum(x.abs().sqrt(), y).clamp_min(-2.0) * torch.minimum(x, y).clamp_max(3.0)
+
+    report = coil.explain(fn, x, y)
+    source = "\n".join(k.source for k in report.kernels)
+    assert "round_bf16_nan_clean" in source and "round_bf16(" not in source
+    want, got = fn(x, y), report.result
+    nan = torch.isnan(want)
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
+
+
 def test_float32_payloads_keep_the_nan_test():
     nans = torch.tensor([0x7fffffff, 0x7f800001, 0x7fc0ffff, -1, 0x7f80ffff], dtype=torch.int32).view(torch.float32)
     x = torch.cat([nans, torch.randn(59)])

@@ -13,9 +13,10 @@ Which values are such "clean" floats, proven from the expression alone:
 * an integer or bool converted to float (never a NaN), and every constant (a NaN constant
   is written as the canonical quiet NaN);
 * a bf16 rounding's result;
-* ``+ - * /``, negation and ``where`` of clean operands: IEEE arithmetic returns one of its
-  operands' NaNs (quieted, which sets bit 22 only) or the default NaN, whose low half is
-  zero on every ISA the plugin builds for (x86-64, AArch64, RISC-V).
+* ``+ - * /``, square roots, negation, ``abs``, ``maximum``/``minimum``, clamps and ``where``
+  of clean operands: IEEE arithmetic returns one of its operands' NaNs (quieted, which sets
+  bit 22 only) or the default NaN, whose low half is zero on every ISA the plugin builds for
+  (x86-64, AArch64, RISC-V), and the selects return an operand.
 
 Anything else (a float32, float64 or fp16 load, a math function, a reduction's result) is not
 proven and keeps the test. Used by ``KernelWriter.visit_cast`` in ``codegen.py`` (bias + GELU +
@@ -27,8 +28,12 @@ import torch
 
 from coil.sdk import Cast, Const, Load, Masked, Op, Value
 
-#: Ops whose NaN result is one of their operands' NaNs or the default NaN.
-_PROPAGATING = frozenset({"add", "sub", "mul", "truediv", "neg"})
+#: Ops whose NaN result is one of their operands' NaNs or the default NaN: IEEE arithmetic
+#: (``/`` also in ``reciprocal`` and ``rsqrt``, ``sqrt`` a vector square root) and the plugin's
+#: selects and sign operations (``coil::max_nan``, ``clamp_min``, ``std::fabs``...), which
+#: return an operand, its sign changed at most.
+_PROPAGATING = frozenset({"add", "sub", "mul", "truediv", "neg", "abs", "square", "reciprocal", "sqrt",
+                          "rsqrt", "maximum", "minimum", "clamp_min", "clamp_max"})
 
 
 def nan_low_half_clear(v: Value | None, memo: dict[int, bool] | None = None) -> bool:
