@@ -89,3 +89,35 @@ def test_float32_payloads_keep_the_nan_test():
     assert "nan_clean" not in report.kernels[0].source
     assert torch.isnan(report.result[:5]).all()
     torch.testing.assert_close(report.result[5:], fn(x)[5:], atol=0, rtol=0)
+
+
+_UNARY = [torch.neg, torch.abs, torch.sqrt, torch.rsqrt, torch.reciprocal, torch.square, torch.relu]
+_BINARY = [torch.add, torch.sub, torch.mul, torch.div, torch.maximum, torch.minimum]
+
+
+def _random_chain(rng: torch.Generator, depth: int):
+    """A random expression over ``x`` and ``y`` of the ops the prover accepts, each op's bf16
+    result rounded as eager rounds it."""
+    def build(d: int):
+        if d == 0:
+            return [lambda x, y: x, lambda x, y: y][int(torch.randint(2, (1,), generator=rng))]
+        if torch.rand((), generator=rng) < 0.4:
+            op, inner = _UNARY[int(torch.randint(len(_UNARY), (1,), generator=rng))], build(d - 1)
+            return lambda x, y: op(inner(x, y))
+        op = _BINARY[int(torch.randint(len(_BINARY), (1,), generator=rng))]
+        left, right = build(d - 1), build(d - 1)
+        return lambda x, y: op(left(x, y), right(x, y))
+    return build(depth)
+
+
+def test_random_chains_of_proven_ops_keep_eagers_bits():
+    rng = torch.Generator().manual_seed(1)
+    x = _bf16_specials()
+    y = x[torch.randperm(x.numel(), generator=rng)]
+    for _ in range(8):
+        fn = _random_chain(rng, 3)
+        torch._dynamo.reset()
+        want, got = fn(x, y), torch.compile(fn, backend="coil")(x, y)
+        nan = torch.isnan(want)
+        assert torch.equal(torch.isnan(got), nan)
+        assert torch.equal(got[~nan].view(torch.int16), want[~nan].view(torch.int16))
