@@ -48,8 +48,8 @@ def nan_low_half_clear(v: Value | None, memo: dict[int, bool] | None = None) -> 
 
 
 def _clean(v: Value, memo: dict[int, bool]) -> bool:
-    if not v.dtype.is_floating_point or v.dtype == torch.bfloat16:
-        return True  # no NaN at all, or a bf16 value (zero low half once widened)
+    if v.dtype == torch.bfloat16 or not (v.dtype.is_floating_point or v.dtype.is_complex):
+        return True  # a bf16 value (zero low half once widened), or an integer or bool: no NaN
     if isinstance(v, Const):
         return True
     if isinstance(v, Cast):
