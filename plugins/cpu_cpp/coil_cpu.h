@@ -60,36 +60,28 @@ inline int64_t outer_block(int64_t n, int64_t widest = OUTER_BLOCK_MAX) {
 // NaN becomes one canonical quiet NaN, as in ATen's scalar conversion.
 inline float to_float(bf16 x) { return bits_as<float>(static_cast<uint32_t>(x) << 16); }
 
-// A NaN made the canonical quiet NaN (0x7fc00000: its low 16 bits are zero), which the rounding below
-// leaves a NaN. A float compare and a masked move: cheaper in vector lanes than testing the
-// bits and then building a quiet NaN from the payload (bias+GELU+residual in bf16, three
-// roundings an element, one thread: 13.5 -> 11.8 ms in a C++ harness).
-inline uint32_t quiet_nan_bits(float f) {
-  return bits_as<uint32_t>(f != f ? __builtin_nanf("") : f);
-}
+// Round to nearest even at bit 16: the float's bits plus 0x7fff plus the last kept bit (the
+// caller keeps the high half). For a NaN this can carry into the exponent and sign unless the
+// NaN's low half is zero.
+inline uint32_t bf16_rounded_bits(uint32_t u) { return u + 0x7fffu + ((u >> 16) & 1u); }
 
-inline bf16 to_bf16(float f) {
-  uint32_t u = quiet_nan_bits(f);
-  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // round to nearest even
-}
-
-// to_float(to_bf16(f)) in float lanes: the same bits, without narrowing to 16 bits and back
-// (the rounding cannot carry out of 32 bits: a NaN is quiet with a zero low half by then).
-inline float round_bf16(float f) {
-  uint32_t u = quiet_nan_bits(f);
-  return bits_as<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
-}
-
-// The same two roundings for a float whose NaNs all have a zero low half already (the code
-// writer proves it from the expression: plugins/cpu_cpp/half_nan.py), so no NaN test.
+// The roundings for a float whose NaNs all have a zero low half already (the code writer
+// proves it from the expression: plugins/cpu_cpp/half_nan.py), so no NaN test.
 inline bf16 to_bf16_nan_clean(float f) {
-  uint32_t u = bits_as<uint32_t>(f);
-  return static_cast<bf16>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return static_cast<bf16>(bf16_rounded_bits(bits_as<uint32_t>(f)) >> 16);
 }
+// to_float(to_bf16(f)) in float lanes: the same bits, without narrowing to 16 bits and back.
 inline float round_bf16_nan_clean(float f) {
-  uint32_t u = bits_as<uint32_t>(f);
-  return bits_as<float>((u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u);
+  return bits_as<float>(bf16_rounded_bits(bits_as<uint32_t>(f)) & 0xffff0000u);
 }
+
+// Any float: a NaN first made the canonical quiet NaN (0x7fc00000, its low half zero). A float
+// compare and a masked move: cheaper in vector lanes than testing the bits and then building a
+// quiet NaN from the payload (bias+GELU+residual in bf16, three roundings an element, one
+// thread: 13.5 -> 11.8 ms in a C++ harness).
+inline float canonical_nan(float f) { return f != f ? __builtin_nanf("") : f; }
+inline bf16 to_bf16(float f) { return to_bf16_nan_clean(canonical_nan(f)); }
+inline float round_bf16(float f) { return round_bf16_nan_clean(canonical_nan(f)); }
 
 inline float to_float(fp16 h) {
   uint32_t bits = static_cast<uint32_t>(h);
