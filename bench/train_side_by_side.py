@@ -20,7 +20,13 @@ TF32 is off, as there. ``--mode infer`` times an inference call instead: the mod
 ``eval()``, its forward under ``no_grad`` (and bf16 autocast unless ``--precision fp32``),
 the outputs checked against eager's. On the CPU, ``--threads`` sets torch's thread count:
 
-    python3 bench/train_side_by_side.py hf_gpt2 --device cpu --size small --precision fp32 --threads 1"""
+    python3 bench/train_side_by_side.py hf_gpt2 --device cpu --size small --precision fp32 --threads 1
+
+A backend named ``NAME-freezing`` (``coil-freezing``, ``inductor-freezing``) is ``NAME`` with
+``options={"freezing": True}``: parameters as constants in inference graphs (``--mode infer``).
+
+    python3 bench/train_side_by_side.py tv_resnet18 --device cpu --size small --precision fp32 \
+        --mode infer --backends eager,inductor-freezing,coil,coil-freezing"""
 from __future__ import annotations
 
 import argparse
@@ -37,12 +43,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from models import check, imports, zoo  # noqa: E402
 
 
+def compiled(model: torch.nn.Module, backend: str) -> Any:
+    """``model`` itself for ``eager``, else compiled; ``NAME-freezing`` is ``NAME`` with the
+    ``freezing`` option on."""
+    if backend == "eager":
+        return model
+    name, _, variant = backend.partition("-")
+    if variant not in ("", "freezing"):
+        raise SystemExit(f"unknown backend variant {backend!r} (NAME or NAME-freezing)")
+    if name != "inductor" or not variant:
+        return torch.compile(model, backend=name, options={"freezing": True} if variant else None)
+    # Inductor reads its freezing flag outside what options= patches (torch 2.13: ResNet-18
+    # ran 28 ms per call with the option, 9.5 ms with the flag set), so its compile, in the
+    # first call, runs with the flag set, and without Inductor's caches, whose keys miss the
+    # flag; options= still makes it a backend of its own, whose frames Dynamo compiles anew
+    # (with the same backend, a model of the same class reuses the frames compiled earlier)
+    fn = torch.compile(model, backend=name, options={"freezing": True})
+    first = [True]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not first:
+            return fn(*args, **kwargs)
+        first.clear()
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+        with inductor_config.patch(freezing=True, fx_graph_cache=False), \
+                functorch_config.patch(enable_autograd_cache=False):
+            return fn(*args, **kwargs)
+    return call
+
+
 def make_step(built: zoo.Built, backend: str, device: torch.device,
               bf16: bool = True) -> tuple[Callable[[], None], list]:
     """A training step on a fresh copy of the model; the list gets the first step's loss and
     gradients."""
     model = copy.deepcopy(built.model).train()
-    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    fn = compiled(model, backend)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     kwargs = {**built.kwargs, **built.train_kwargs}
     first: list[list[tuple[str, torch.Tensor]]] = []
@@ -64,7 +100,7 @@ def make_infer(built: zoo.Built, backend: str, device: torch.device,
     """An inference call on a fresh copy of the model in ``eval()`` under ``no_grad`` (as
     ``bench/models.py``'s ``infer`` modes call it); the list gets the first call's outputs."""
     model = copy.deepcopy(built.model).eval()
-    fn = model if backend == "eager" else torch.compile(model, backend=backend)
+    fn = compiled(model, backend)
     first: list[list[tuple[str, torch.Tensor]]] = []
 
     def call() -> None:

@@ -107,6 +107,8 @@ def graph_refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     (this one and :mod:`coil.aot_training`); None when it has."""
     if not config.graph_cache or config.check:
         return "the graph cache is off or self-check mode is on"
+    if config.freezing and not torch.is_grad_enabled():
+        return "freezing: the graph's constants are this process's parameters"
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return "torch.distributed is initialised (compiles agree across ranks)"
     if isinstance(gm, torch._dynamo.utils.GmWrapper):

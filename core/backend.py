@@ -11,7 +11,7 @@ import torch
 from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import aot_cache, aot_training, capture, collect, compile_agreement, joint_aliases, plugins
+from . import aot_cache, aot_training, capture, collect, compile_agreement, freezing, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph, load_compiled
@@ -184,11 +184,21 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
             collect.after_backward_compile()
         return fn
 
+    # the freezing knob: parameters become constants of an inference graph (coil.freezing)
+    frozen = freezing.candidates(graph_module, example_inputs) if cfg.freezing and not torch.is_grad_enabled() else None
+
     # DDPOptimizer (Dynamo's graph splitting under DDP) reads this counter to learn that
     # AOTAutograd compiled a bucket's graph, whose first call then returns fake outputs at
     # compile time; without it that first call comes at run time and returns fakes to the user
     torch._dynamo.utils.counters["aot_autograd"]["total"] += 1
     # under torch.distributed, one rank's failed compile fails every rank (coil.compile_agreement)
+    with freezing.sources(frozen):
+        return _aot_compiled(gm, graph_module, example_inputs, cfg, recorder, compiler)
+
+
+def _aot_compiled(gm: torch.fx.GraphModule, graph_module: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                  cfg: Any, recorder: Any, compiler: Any) -> Any:
+    """AOTAutograd over the Dynamo graph, its graphs compiled by ``compiler``."""
     return collect.collecting(compile_agreement.guarded(
         "a Dynamo graph", lambda: compile_agreement.graph_digest(graph_module, example_inputs), cfg.compile_agreement,
         lambda: _traced(recorder, lambda: aot_module_simplified(

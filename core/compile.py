@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import capture, collectives, donation, graph_cache, plugins, progress, selfcheck, templates
+from . import capture, collectives, donation, freezing, graph_cache, plugins, progress, selfcheck, templates
 from .sdk import versions
 from .sdk.backend import ConvolutionInfo
 from .config import Config
@@ -132,11 +132,61 @@ INPLACE_API = (0, 7, 0)
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
                    kind: str, line: progress.QuietLine,
                    on_key: Callable[[GraphKey], None] | None = None) -> Callable[[list[Any]], Any]:
+    frozen = freezing.frozen_values(example_inputs) if kind == "inference" else {}
+    if frozen and capture.mutates_inputs(gm):
+        log.info("coil: freezing skipped: the graph writes into one of its inputs")
+        frozen = {}
+    if not frozen:
+        return _compile_body(gm, example_inputs, config, kind, line, on_key, {}, [])
+    original = _copy_graph(gm)
+    baked: list[freezing.Baked] = []
+    fn = _compile_body(gm, example_inputs, config, kind, line, None, frozen, baked)
+
+    def recompile(args: list[Any], freeze: bool) -> tuple[Callable[[list[Any]], Any], list[freezing.Baked]]:
+        values = {p: args[p] for p in frozen} if freeze else {}
+        again: list[freezing.Baked] = []
+        with config_active(config), progress.shown(kind, config.progress) as again_line:
+            return _compile_body(_copy_graph(original), example_inputs, config, kind, again_line, None,
+                                 values, again), again
+
+    return freezing.guarded(fn, baked, recompile)
+
+
+def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` that passes may rewrite without touching ``gm`` (nodes and their meta
+    dicts copied; the values in them shared)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(gm.graph, {})
+    old_output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    graph.output(out).meta = dict(old_output.meta)
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _packer(reg: Any, device: torch.device) -> Any:
+    """The ``frozen_convolution`` of ``device``'s backend where its plugin declares SDK 1.5.0
+    or later; None elsewhere."""
+    backend = reg.backends.get(device.type)
+    api = reg.api_version(device.type)
+    if backend is None or api is None or versions.parse(api) < FROZEN_CONVOLUTION_API:
+        return None
+    return getattr(backend, "frozen_convolution", None)
+
+
+#: The SDK release that introduced ``DeviceBackend.frozen_convolution``.
+FROZEN_CONVOLUTION_API = (1, 5, 0)
+
+
+def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
+                  kind: str, line: progress.QuietLine, on_key: Callable[[GraphKey], None] | None,
+                  frozen: dict[int, torch.Tensor], baked: list[Any]) -> Callable[[list[Any]], Any]:
+    """Compile ``gm``; with ``frozen`` (position -> parameter), freeze those inputs
+    (:mod:`coil.freezing`) and append the parameters baked into the graph to ``baked``."""
     reg = plugins.registry()
     stages: dict[str, float] = {}
     t0 = time.perf_counter()
     donated = donation.donated_positions(kind, example_inputs, config)
-    key = graph_cache.key_for(gm, example_inputs, config, kind, reg, donated)  # before passes rewrite gm
+    # before passes rewrite gm; a frozen graph's constants are this process's: no cache entry
+    key = graph_cache.key_for(gm, example_inputs, config, kind, reg, donated) if not frozen else None
     hit = graph_cache.load(key, reg, kind, lambda: f"graph{next(_graph_ids)}") if key else None
     if key is not None and on_key is not None:
         on_key(key.key)
@@ -154,9 +204,14 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
     split_conv_bias(gm)
-    strides = _lay_out_convolutions(gm, example_inputs, kind, reg, config.training_channels_last)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    strides = _lay_out_convolutions(gm, example_inputs, kind, reg, config.training_channels_last,
+                                    frozenset(placeholders[p] for p in frozen))
     if isinstance(strides, Exception):
         return _eager_graph(gm, kind, strides)
+    if frozen:
+        baked += freezing.freeze(gm, frozen, functools.partial(_packer, reg))
+        split_conv_bias(gm)  # the biases batch norms folded into, of convolutions left to the core
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,
@@ -330,7 +385,8 @@ def _captured(fn: Callable[[list[Any]], Any], config: Config, kind: str, mutates
 
 
 def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], kind: str,
-                          reg: Any, training: bool) -> list[tuple[int, ...] | None] | Exception | None:
+                          reg: Any, training: bool, frozen: frozenset[torch.fx.Node] = frozenset()
+                          ) -> list[tuple[int, ...] | None] | Exception | None:
     """Channels-last convolutions (:mod:`coil.conv_layout`) where the device's backend prefers
     them for the graph's convolutions (forward graphs only with ``training``: the
     ``training_channels_last`` knob). Returns a training forward graph's output strides when
@@ -339,7 +395,7 @@ def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     adopts its inputs' layouts whatever the knob says (a cached forward graph may have saved
     them channels-last)."""
     if kind == "inference":
-        to_channels_last(gm, _channels_last_chooser(reg, training=False))
+        to_channels_last(gm, _channels_last_chooser(reg, training=False), frozen=frozen)
     elif kind == "forward" and training:
         saved = saved_output_positions(gm)  # nothing saved, or no way to report: eager's layouts
         if (saved and report_strides_possible()

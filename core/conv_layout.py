@@ -44,10 +44,13 @@ Chooser = Callable[[torch.device, Sequence[ConvolutionInfo]], bool]
 
 
 def to_channels_last(gm: torch.fx.GraphModule, prefers: Chooser,
-                     free_outputs: frozenset[int] = frozenset()) -> int:
+                     free_outputs: frozenset[int] = frozenset(),
+                     frozen: frozenset[torch.fx.Node] = frozenset()) -> int:
     """Rewrite ``gm``'s 2-D convolutions to channels-last on the devices for which
     ``prefers`` says yes; returns how many. Outputs at the positions ``free_outputs`` keep the
-    layout the propagation gives them; the others are copied back into eager's."""
+    layout the propagation gives them; the others are copied back into eager's. ``frozen``:
+    the placeholders that :mod:`coil.freezing` will make constants (the backend is told which
+    convolutions' weights are among them)."""
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if not all(_static(n.meta.get("val")) for n in placeholders):
@@ -58,7 +61,7 @@ def to_channels_last(gm: torch.fx.GraphModule, prefers: Chooser,
                 and _is_4d(n.args[0]) and _is_4d(n.args[1]) and _static(n.meta.get("val"))):
             by_device.setdefault(n.meta["val"].device, []).append(n)
     convs = [n for device, nodes in by_device.items()
-             if prefers(device, [describe(n) for n in nodes]) for n in nodes]
+             if prefers(device, [describe(n, frozen=_weight_frozen(n, frozen)) for n in nodes]) for n in nodes]
     if not convs:
         return 0
     output = _output(graph)
@@ -99,8 +102,21 @@ def to_channels_last(gm: torch.fx.GraphModule, prefers: Chooser,
     return len(convs)
 
 
-def describe(conv: torch.fx.Node) -> ConvolutionInfo:
-    """What a backend is told about one ``aten.convolution`` node with 4-D operands."""
+def _weight_frozen(conv: torch.fx.Node, frozen: frozenset[torch.fx.Node]) -> bool:
+    """Whether a convolution's weight and bias (if any) are placeholders in ``frozen``."""
+    def source(a: object) -> object:  # through casts and copies of one value
+        while (isinstance(a, torch.fx.Node) and a.op == "call_function" and len(a.all_input_nodes) == 1
+               and isinstance(a.target, torch._ops.OpOverload) and not a.target._schema.is_mutable):
+            a = a.all_input_nodes[0]
+        return a
+
+    bias = conv.args[2]
+    return bool(frozen) and source(conv.args[1]) in frozen and (bias is None or source(bias) in frozen)
+
+
+def describe(conv: torch.fx.Node, *, frozen: bool = False) -> ConvolutionInfo:
+    """What a backend is told about one ``aten.convolution`` node with 4-D operands;
+    ``frozen``: its weight and bias are frozen parameters."""
     x, w, out = (a.meta["val"] for a in (conv.args[0], conv.args[1], conv))
     stride, padding, dilation, transposed, _, groups = conv.args[3:9]
 
@@ -113,7 +129,7 @@ def describe(conv: torch.fx.Node) -> ConvolutionInfo:
 
     return ConvolutionInfo(input=four(x), weight=four(w), output=four(out), stride=pair(stride),
                            padding=pair(padding), dilation=pair(dilation), groups=int(groups),
-                           transposed=bool(transposed), dtype=x.dtype)
+                           transposed=bool(transposed), dtype=x.dtype, frozen=frozen)
 
 
 def saved_output_positions(gm: torch.fx.GraphModule) -> frozenset[int]:

@@ -261,7 +261,8 @@ class GraphLowering:
         self.ctx.origin = _target_name(node.target)
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
-        library = node.target in LIBRARY_OPS  # by design, unless its lowering takes it
+        # by design, unless its lowering takes it; or a backend's own call (coil.conv_fold)
+        library = node.target in LIBRARY_OPS or getattr(node.target, "coil_library", False)
         fn = self.registry.lookup(node.target, device_type)
         unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)
         if fn is not None and unsupported is not None:

@@ -128,6 +128,10 @@ class ConvolutionInfo:
     groups: int
     transposed: bool
     dtype: torch.dtype
+    #: Whether the weight and bias are frozen parameters (the ``freezing`` knob: an inference
+    #: graph that treats parameters as constants), which the backend may pre-pack
+    #: (:meth:`DeviceBackend.frozen_convolution`; SDK 1.5.0).
+    frozen: bool = False
 
     @property
     def kernel_size(self) -> tuple[int, int]:
@@ -330,6 +334,19 @@ class DeviceBackend(Generic[ModuleT]):
         transpose wherever they meet (ATen's convolutions return channels-last when either
         operand is). The default answers ``capabilities.conv_channels_last`` (SDK 1.1.0)."""
         return self.capabilities.conv_channels_last
+
+    def frozen_convolution(self, info: ConvolutionInfo, weight: torch.Tensor,
+                           bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A 2-D convolution of a frozen inference graph (the ``freezing`` knob), whose weight
+        and bias are constants: return a callable ``f(input) -> output`` that computes
+        ``aten.convolution(input, weight, bias, ...)`` as ``info`` describes it (stride,
+        padding, dilation, groups; never transposed), with the weight packed once into the
+        library's own layout, say; or None to leave the convolution to the core (its own
+        kernels, else ATen). The output's strides may differ from ATen's (the core copies it
+        into the strides its code expects). Asked once per convolution when the graph
+        compiles; an exception is reported and leaves the convolution to the core. The
+        default declines (SDK 1.5.0)."""
+        return None
 
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""

@@ -118,6 +118,16 @@ class Config:
     #: without, GPU work 5.9 ms against 7.2 (cuDNN's layout transposes gone); measured
     #: side by side in one process. (An earlier slowdown, 25.8 ms, came from a contended host.)
     training_channels_last: bool = _knob(True)
+    #: Inference graphs compiled while grad mode is off treat the model's parameters and
+    #: buffers as constants (:mod:`coil.freezing`, as Inductor's ``freezing``): computations
+    #: of parameters alone run once at compile time, batch norms after convolutions fold into
+    #: the convolutions' weights, and device backends may pre-pack convolution weights into
+    #: their library's layout (``DeviceBackend.frozen_convolution``). Each call checks that
+    #: every parameter it folded is the same tensor, at the same address and version, and
+    #: recompiles the graph (with a warning) where one is not; a write that bypasses the
+    #: version counter (``param.data.copy_(...)``) is not seen. Such graphs skip the graph
+    #: cache (their constants are this process's).
+    freezing: bool = _knob(False)
     #: Each kernel launch inside a ``torch.profiler`` range named ``coil:<kernel>``, so that
     #: profiler tables show every generated kernel's time (ATen calls show by themselves).
     #: About a microsecond per launch while no profiler runs.

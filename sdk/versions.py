@@ -226,6 +226,12 @@ HISTORY: tuple[Release, ...] = (
                "to 25 window taps) as kernels for the device, fused with the ops around them, "
                "instead of calling the library (default False)"),
     )),
+    Release("1.5.0", (
+        Change("the freezing knob: DeviceBackend.frozen_convolution(info, weight, bias) may "
+               "replace a 2-D convolution of a frozen inference graph by the backend's own "
+               "callable (a pre-packed weight); ConvolutionInfo.frozen tells "
+               "prefers_channels_last which convolutions' weights are frozen (default False)"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -181,15 +181,17 @@ def _meta(ctx: LoweringContext, i: int | None = None) -> torch.Tensor:
 INLINE_OPS = 3
 
 
-def window_source(ctx: LoweringContext, x: TensorValue, like: torch.Tensor) -> TensorValue:
-    """What the taps read: a lazy producer inlined into every tap if it is cheap and exact,
-    else stored once, in the dim order of ``like`` (the op's result), which is the layout the
-    graph stores it in when it keeps it (a training graph saves a pooling's input)."""
+def window_source(ctx: LoweringContext, x: TensorValue, like: torch.Tensor,
+                  inline_ops: int = INLINE_OPS) -> TensorValue:
+    """What the taps read: a lazy producer inlined into every tap if it is exact and has at
+    most ``inline_ops`` operations, else stored once, in the dim order of ``like`` (the op's
+    result), which is the layout the graph stores it in when it keeps it (a training graph
+    saves a pooling's input)."""
     if not isinstance(x, Lazy):
         return x
     body = x.load([sympy.Symbol(f"q{i}", integer=True, nonnegative=True) for i in range(x.ndim)])
     inexact = any(isinstance(v, ir.Op) and v.name not in EXACT_OPS for v in ir.walk(body))
-    if not inexact and ir.op_count(body) <= INLINE_OPS:
+    if not inexact and ir.op_count(body) <= inline_ops:
         return x
     order = sorted(range(like.dim()), key=lambda d: (-like.stride(d), d))  # outermost first
     strides: list[Expr] = [sympy.Integer(0)] * x.ndim

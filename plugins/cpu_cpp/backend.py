@@ -13,7 +13,7 @@ import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
 from coil.sdk.ir import Node
 
-from . import cpp, streaming, toolchain
+from . import cpp, prepack, streaming, toolchain
 from .codegen import KernelWriter
 
 
@@ -180,9 +180,15 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         convolution work (:data:`DEPTHWISE_SHARE`); see the notes above it."""
         if training and not TRAINING_CHANNELS_LAST:
             return False
+        if any(prepack.packs(c) for c in convolutions):  # oneDNN's packed calls return channels-last
+            return True
         total = sum(c.macs for c in convolutions)
         depthwise = sum(c.macs for c in convolutions if c.depthwise)
         return total > 0 and depthwise >= DEPTHWISE_SHARE * total
+
+    def frozen_convolution(self, info: sdk.ConvolutionInfo, weight: Any, bias: Any) -> Any:
+        """oneDNN's convolution over a weight packed once (:mod:`.prepack`)."""
+        return prepack.frozen_convolution(info, weight, bias)
 
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)

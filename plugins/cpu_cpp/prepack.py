@@ -1,0 +1,73 @@
+"""Frozen convolutions through oneDNN, their weights packed once (the ``freezing`` knob;
+``DeviceBackend.frozen_convolution``, SDK 1.5.0).
+
+ATen's CPU convolution reorders its weight into oneDNN's blocked layout on every call; with
+the weight frozen, that reorder runs once, when the graph compiles
+(``mkldnn._reorder_convolution_weight``), and each call runs
+``mkldnn._convolution_pointwise`` over the packed weight. ResNet-18 (batch 2, 64x64 images,
+one thread, float32): 15.0 ms per call in eager, 8.6 ms with its weights packed. That op returns
+channels-last outputs, so a graph with packed convolutions is laid out channels-last
+(:func:`packs`, read by ``prefers_channels_last``).
+
+oneDNN's call costs some 25-30 us however small the convolution, and ATen knows it: for
+float32 it calls oneDNN only where its rule (``use_mkldnn`` in ATen's convolution) expects that
+to win, and computes the rest (1x1 unstrided convolutions over fewer than 16 images on one
+thread, single images of fewer than 20480 elements with small windows) as a matrix product.
+MobileNetV3's 1x1 convolutions over 1x1-8x8 images (batch 2, one thread) take 8-11 us that
+way, against 25-31 us packed. Packing only saves oneDNN's weight reorder, so a convolution is
+packed exactly where ATen would call oneDNN (:func:`aten_uses_onednn`, the same rule).
+(Timing both ways while the graph compiles was tried and misled: every call made inside
+AOTAutograd's compile pays 20-25 us more in dispatch, which favours the larger call.)
+
+Float32 only; depthwise convolutions the core generates itself
+(``Capabilities.depthwise_conv``: at most 25 taps) are left to it."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+import coil.sdk as sdk
+
+#: Most window taps of a depthwise convolution the core generates (``coil.lowering.depthwise``).
+DEPTHWISE_TAPS = 25
+
+
+def packs(info: sdk.ConvolutionInfo) -> bool:
+    """Whether :func:`frozen_convolution` takes this convolution."""
+    kh, kw = info.kernel_size
+    return (info.frozen and not info.transposed and info.dtype == torch.float32
+            and not (info.depthwise and kh * kw <= DEPTHWISE_TAPS)
+            and torch.backends.mkldnn.is_available() and aten_uses_onednn(info))
+
+
+def frozen_convolution(info: sdk.ConvolutionInfo, weight: torch.Tensor,
+                       bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The convolution over ``weight`` packed for ``info``'s input size; None where
+    :func:`packs` says no."""
+    if not packs(info) or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+        return None
+    padding, stride, dilation = list(info.padding), list(info.stride), list(info.dilation)
+    groups = info.groups
+    packed = torch.ops.mkldnn._reorder_convolution_weight(weight, padding, stride, dilation, groups,
+                                                          list(info.input))
+    bias = bias.contiguous() if bias is not None else None
+    op = torch.ops.mkldnn._convolution_pointwise.default
+
+    def convolution(x: torch.Tensor) -> torch.Tensor:
+        return op(x, packed, bias, padding, stride, dilation, groups, "none", [], "")
+
+    return convolution
+
+
+def aten_uses_onednn(info: sdk.ConvolutionInfo) -> bool:
+    """Whether ATen's CPU convolution would call oneDNN for a float32 convolution like
+    ``info`` on this many threads (its ``use_mkldnn`` rule)."""
+    n, c, h, w = info.input
+    kh, kw = info.kernel_size
+    strided = any(s != 1 for s in info.stride)
+    dilated = any(d != 1 for d in info.dilation)
+    not_single_threaded_1x1 = (strided or dilated or n >= 16 or kh != 1 or kw != 1
+                               or torch.get_num_threads() > 1)
+    big_enough = info.groups > 1 or (kh > 3 and kw > 3) or n > 1 or n * c * h * w > 20480
+    return not_single_threaded_1x1 and big_enough

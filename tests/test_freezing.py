@@ -1,0 +1,243 @@
+"""The ``freezing`` knob (:mod:`coil.freezing`): parameters of an inference graph compiled
+under ``no_grad`` become constants, batch norms fold into convolutions, the C++ plugin packs
+convolution weights for oneDNN, and every call checks the parameters it baked in.
+
+Each test compares against eager on the same module, after whatever the test does to the
+parameters."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+
+import coil
+from coil import config
+from coil.report import recording
+
+torch.backends.mkldnn.enabled = True
+
+
+def _net(bias: bool = False) -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1, bias=bias), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=bias), nn.BatchNorm2d(16), nn.Hardswish(),
+        nn.Conv2d(16, 32, 3, bias=bias), nn.BatchNorm2d(32),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    for m in net.modules():  # statistics that are not the identity
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+            m.weight.data.uniform_(0.5, 1.5)
+            m.bias.data.uniform_(-0.2, 0.2)
+    return net.eval()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_frozen_conv_net_matches_eager_and_packs_convolutions(bias: bool) -> None:
+    net = _net(bias)
+    x = torch.randn(2, 3, 12, 12)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad(), recording() as report:
+        torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+    library = report.library_calls
+    # the two dense convolutions are oneDNN calls over packed weights; the depthwise one
+    # is the core's own kernel (the plugin leaves it to the core)
+    assert library.count("coil.frozen_convolution") == 2, library
+    assert "aten.convolution.default" not in library and not report.fallbacks
+    sources = " ".join(k.source for k in report.kernels)
+    # batch norms folded into the weights: no kernel divides by a square root of a variance
+    assert "sqrt" not in sources, sources
+
+
+def test_without_freezing_nothing_is_packed() -> None:
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        report = coil.explain(net, x)
+    assert "coil.frozen_convolution" not in report.library_calls
+
+
+def test_in_place_change_of_a_frozen_parameter_recompiles(caplog: pytest.LogCaptureFixture) -> None:
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad():
+        fn(x)
+        net[0].weight.mul_(2.0)  # bumps the version counter
+        net[1].running_var.mul_(3.0)
+        with caplog.at_level(logging.WARNING, logger="coil.freezing"):
+            out = fn(x)
+        torch.testing.assert_close(out, net(x), atol=1e-5, rtol=1e-5)
+        assert any("compiling the graph again" in r.getMessage() for r in caplog.records)
+        caplog.clear()
+        net[4].weight.add_(0.25)  # a second change: compiled without freezing from now on
+        with caplog.at_level(logging.WARNING, logger="coil.freezing"):
+            out = fn(x)
+        torch.testing.assert_close(out, net(x), atol=1e-5, rtol=1e-5)
+        assert any("without freezing" in r.getMessage() for r in caplog.records)
+        net[6].weight.mul_(-1.0)  # not frozen any more: read as an input, no warning
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="coil.freezing"):
+            torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+        assert not caplog.records
+
+
+def test_load_state_dict_after_compile_is_seen() -> None:
+    net = _net()
+    other = _net()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    x = torch.randn(2, 3, 12, 12)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad():
+        fn(x)
+        net.load_state_dict(other.state_dict())
+        torch.testing.assert_close(fn(x), other(x), atol=1e-5, rtol=1e-5)
+
+
+def test_parameter_replaced_by_a_new_object_is_seen() -> None:
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad():
+        fn(x)
+        net[0].weight = nn.Parameter(torch.randn_like(net[0].weight))
+        torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+
+
+def test_parameters_read_as_they_are_stay_inputs() -> None:
+    """A linear's weight is read by the matrix product itself: not baked, so an in-place
+    change shows on the next call without a recompile."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    x = torch.randn(3, 8)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad():
+        fn(x)
+        net[0].weight.data.mul_(2.0)  # even a write the version counter does not see
+        torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+
+
+def test_static_address_inputs_are_not_frozen() -> None:
+    """An input the user marked static (a KV cache) changes between calls by design."""
+    cache = torch.zeros(4, 8)
+    torch._dynamo.mark_static_address(cache)
+    weight = nn.Parameter(torch.randn(8))
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (cache * weight).sum(0) + x
+
+    fn = torch.compile(f, backend="coil", options={"freezing": True})
+    x = torch.randn(8)
+    with torch.no_grad():
+        fn(x)
+        cache.copy_(torch.randn(4, 8))
+        torch.testing.assert_close(fn(x), f(x))
+
+
+def test_training_graphs_are_not_frozen() -> None:
+    net = _net().train()
+    x = torch.randn(2, 3, 12, 12)
+    ref = _net().train()
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    fn(x).sum().backward()
+    ref(x).sum().backward()
+    for p, q in zip(net.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4)
+
+
+def test_frozen_under_bf16_autocast() -> None:
+    """The weights' casts to bf16 run once; the convolutions stay ATen's (packing is float32
+    only) with their weights cast at compile time."""
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn(x)
+        ref = net(x)
+    assert out.dtype == ref.dtype
+    torch.testing.assert_close(out.float(), ref.float(), atol=3e-2, rtol=3e-2)
+
+
+def test_frozen_graphs_skip_the_layer_before_aot() -> None:
+    from coil import aot_cache
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with config.override(freezing=True, graph_cache=True), torch.no_grad():
+        assert "freezing" in (aot_cache.graph_refusal(gm, [torch.randn(2)], config.get()) or "")
+
+
+def test_batch_norms_fold_through_the_triton_plugin_too() -> None:
+    """The folding passes are the core's: the interpreted Triton plugin, which packs nothing,
+    gets convolutions with the batch norms in their weights."""
+    from helpers import cpu_routed_to, cpu_tensors
+    net = _net(bias=True)
+    x = torch.randn(2, 3, 12, 12)
+    with cpu_tensors(), cpu_routed_to("triton", "freezing-triton"), torch.no_grad(), recording() as report:
+        fn = torch.compile(net, backend="coil", options={"freezing": True})
+        torch.testing.assert_close(fn(x), net(x), atol=1e-4, rtol=1e-4)
+    assert "coil.frozen_convolution" not in report.library_calls
+    sources = " ".join(k.source for k in report.kernels)
+    assert report.kernels and "sqrt" not in sources
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_packing_follows_atens_own_choice_of_onednn(threads: int) -> None:
+    """The C++ plugin packs a convolution where ATen itself would call oneDNN (packing only
+    saves oneDNN's weight reorder); checked against what ATen calls, seen by the profiler."""
+    from coil_cpu_cpp.prepack import aten_uses_onednn
+    from coil.sdk import ConvolutionInfo
+    cases = [  # (input, weight, stride, groups)
+        ((2, 16, 8, 8), (8, 16, 1, 1), 1, 1), ((2, 16, 8, 8), (8, 16, 1, 1), 2, 1),
+        ((2, 16, 8, 8), (8, 16, 3, 3), 1, 1), ((1, 16, 8, 8), (8, 16, 3, 3), 1, 1),
+        ((1, 64, 32, 32), (8, 64, 3, 3), 1, 1), ((16, 8, 4, 4), (8, 8, 1, 1), 1, 1),
+        ((1, 8, 16, 16), (8, 2, 5, 5), 1, 4), ((2, 3, 64, 64), (16, 3, 7, 7), 2, 1),
+    ]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for shape, wshape, stride, groups in cases:
+            x, w = torch.randn(shape), torch.randn(wshape)
+            with torch.profiler.profile() as prof:
+                torch.nn.functional.conv2d(x, w, None, stride, 0, 1, groups)
+            onednn = any(e.name == "aten::mkldnn_convolution" for e in prof.events())
+            oh = (shape[2] - wshape[2]) // stride + 1
+            info = ConvolutionInfo(input=shape, weight=wshape, output=(shape[0], wshape[0], oh, oh),
+                                   stride=(stride, stride), padding=(0, 0), dilation=(1, 1), groups=groups,
+                                   transposed=False, dtype=torch.float32, frozen=True)
+            assert aten_uses_onednn(info) == onednn, (shape, wshape, stride, groups, threads)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_only_parameters_a_pass_consumed_are_checked() -> None:
+    """Views of parameters (a linear's transposed weight) stay in the graph: their
+    parameters stay inputs and cost no check; batch-norm statistics folded into a
+    convolution's weight are checked."""
+    from coil import compile as coil_compile
+    seen: list[list] = []
+    real = coil_compile.freezing.guarded
+
+    def spy(fn, baked, recompile):
+        seen.append(baked)
+        return real(fn, baked, recompile)
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 4)).eval()
+    coil_compile.freezing.guarded = spy
+    try:
+        with torch.no_grad():
+            torch.compile(net, backend="coil", options={"freezing": True})(torch.randn(3, 8))
+            torch._dynamo.reset()
+            conv = _net()
+            torch.compile(conv, backend="coil", options={"freezing": True})(torch.randn(2, 3, 12, 12))
+    finally:
+        coil_compile.freezing.guarded = real
+    assert seen[0] == []
+    assert any(b.tensor is conv[0].weight for b in seen[1])
+    assert any(b.tensor is conv[1].running_var for b in seen[1])
+    assert all(b.tensor is not conv[10].weight for b in seen[1])  # the linear's, read as it is
