@@ -209,8 +209,11 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
                                     frozenset(placeholders[p] for p in frozen))
     if isinstance(strides, Exception):
         return _eager_graph(gm, kind, strides)
+    frozen_note = ""
     if frozen:
-        baked += freezing.freeze(gm, frozen, functools.partial(_packer, reg))
+        done = freezing.freeze(gm, frozen, functools.partial(_packer, reg))
+        baked += done.baked
+        frozen_note = done.note
         split_conv_bias(gm)  # the biases batch norms folded into, of convolutions left to the core
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
@@ -288,7 +291,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
         len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace,
-        capture=capture_note, output_strides=strides)
+        capture=capture_note, output_strides=strides, frozen=frozen_note)
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
     if key is not None:  # once the first call has run: builds and tuning finish in it
         fn = _after_first_call(fn, functools.partial(graph_cache.store, key, report, wrapper, sched.steps,

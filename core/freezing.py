@@ -112,17 +112,25 @@ class Baked:
         return value is self.tensor and value._version == self.version and value.data_ptr() == self.address
 
 
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    """What :func:`freeze` did: the parameters the graph now holds, and a line for the report."""
+
+    baked: list[Baked]
+    note: str
+
+
 def freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
-           packer: Callable[[torch.device], Packer | None]) -> list[Baked]:
+           packer: Callable[[torch.device], Packer | None]) -> Frozen:
     """Make the placeholders at ``values``' positions constants, run the passes over them and
-    return the parameters whose values the graph now holds."""
+    say which parameters the graph now holds."""
     # AOTAutograd compiles its graphs inside its fake mode: constants are computed outside it
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
         return _freeze(gm, values, packer)
 
 
 def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
-            packer: Callable[[torch.device], Packer | None]) -> list[Baked]:
+            packer: Callable[[torch.device], Packer | None]) -> Frozen:
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first = next((n for n in graph.nodes if n.op != "placeholder"), None)
@@ -141,7 +149,7 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
         placeholder.replace_all_uses_with(attr)
         attrs[attr] = placeholder
     if not attrs:
-        return []
+        return Frozen([], f"freezing: none of the {len(values)} parameters is read")
     folded = fold_constants(gm)
     batch_norms = fold_batch_norms(gm)
     packed = prepack_convolutions(gm, packer)
@@ -162,9 +170,11 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
             delattr(gm, name)
     graph.lint()
     gm.recompile()
-    log.debug("freezing: %d ops folded, %d batch norms into convolutions, %d convolutions packed, "
-              "%d of %d parameters baked", folded, batch_norms, packed, len(baked), len(values))
-    return [Baked(p, values[p], values[p].data_ptr(), values[p]._version) for p in sorted(baked)]
+    note = (f"freezing: {len(baked)} of {len(values)} parameters held as constants (checked on each "
+            f"call), {folded} op(s) on them run once, {batch_norms} batch norm(s) folded into "
+            f"convolutions, {packed} convolution(s) to the backend's packed calls")
+    log.debug("%s", note)
+    return Frozen([Baked(p, values[p], values[p].data_ptr(), values[p]._version) for p in sorted(baked)], note)
 
 
 Recompile = Callable[[list[Any], bool], "tuple[Callable[[list[Any]], Any], list[Baked]]"]

@@ -55,6 +55,8 @@ class GraphReport:
     #: A training forward graph whose saved activations are not laid out as traced
     #: (channels-last convolutions): each output's strides, reported to AOTAutograd.
     output_strides: list[tuple[int, ...] | None] | None = None
+    #: What the ``freezing`` knob did to the graph (:mod:`coil.freezing`); "" where it did not apply.
+    frozen: str = ""
 
     @property
     def fallback_ops(self) -> list[str]:

@@ -17,6 +17,8 @@ def format_graph(g: GraphReport) -> str:
              f"({g.inplace} buffer(s) in place, {g.reused} reused)"
              f"{'; loaded from the graph cache' if getattr(g, 'cached', False) else ''}"]
     lines.append("   compile seconds: " + ", ".join(f"{k} {v:.3f}" for k, v in g.stage_seconds.items()))
+    if getattr(g, "frozen", ""):
+        lines.append(f"   {g.frozen}")
     if getattr(g.capture, "replay", None) is not None:
         lines.append(f"   {g.capture}")
     for f in g.fallbacks:

@@ -51,6 +51,9 @@ def test_frozen_conv_net_matches_eager_and_packs_convolutions(bias: bool) -> Non
     sources = " ".join(k.source for k in report.kernels)
     # batch norms folded into the weights: no kernel divides by a square root of a variance
     assert "sqrt" not in sources, sources
+    note = report.graphs[0].frozen
+    assert "3 batch norm(s) folded" in note and "2 convolution(s) to the backend" in note, note
+    assert "freezing:" in str(report)
 
 
 def test_without_freezing_nothing_is_packed() -> None:
