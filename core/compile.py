@@ -162,18 +162,18 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-def _packer(reg: Any, device: torch.device) -> Any:
-    """The ``frozen_convolution`` of ``device``'s backend where its plugin declares SDK 1.5.0
-    or later; None elsewhere."""
+def _packer(reg: Any, method: str, device: torch.device) -> Any:
+    """``device``'s backend's ``method`` (``frozen_convolution``, ``frozen_linear``) where its
+    plugin declares SDK 1.5.0 or later; None elsewhere."""
     backend = reg.backends.get(device.type)
     api = reg.api_version(device.type)
-    if backend is None or api is None or versions.parse(api) < FROZEN_CONVOLUTION_API:
+    if backend is None or api is None or versions.parse(api) < FROZEN_CALLS_API:
         return None
-    return getattr(backend, "frozen_convolution", None)
+    return getattr(backend, method, None)
 
 
-#: The SDK release that introduced ``DeviceBackend.frozen_convolution``.
-FROZEN_CONVOLUTION_API = (1, 5, 0)
+#: The SDK release that introduced ``DeviceBackend.frozen_convolution`` and ``frozen_linear``.
+FROZEN_CALLS_API = (1, 5, 0)
 
 
 def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,

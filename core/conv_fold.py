@@ -1,36 +1,22 @@
-"""Convolutions of a frozen graph (:mod:`coil.freezing`).
-
-:func:`fold_batch_norms`: the per-channel affine ops after a convolution whose weight is
-frozen (an inference batch norm as the decompositions write it, ``(y - mean) * invstd *
-gamma + beta``, and a split bias) fold into its weight and bias, computed in float64 and
-rounded once. ResNets and MobileNets then run no batch-norm arithmetic at all.
-
-:func:`prepack_convolutions`: the device's backend may replace a 2-D convolution over frozen
-operands by a call of its own (``DeviceBackend.frozen_convolution``, SDK 1.5.0), its weight
-packed once into the library's layout. On the CPU, ATen's convolution reorders every weight
-into oneDNN's blocked layout on every call: ResNet-18 (batch 2, 64x64 images, one thread)
-takes 15.0 ms in eager, 8.6 ms with the weights packed once."""
+"""Batch norms of a frozen graph (:mod:`coil.freezing`) folded into the convolutions before
+them: the per-channel affine ops after a convolution whose weight is frozen (an inference
+batch norm as the decompositions write it, ``(y - mean) * invstd * gamma + beta``, and a split
+bias) fold into its weight and bias, computed in float64 and rounded once. ResNets and
+MobileNets then run no batch-norm arithmetic at all."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx
 
 from .constant_fold import ORIGIN, add_constant, value_of
-from .conv_layout import describe
-from .sdk.backend import ConvolutionInfo
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
-#: What a backend's ``frozen_convolution`` is: (info, weight, bias) -> a callable of the input,
-#: or None to keep ATen's convolution.
-Packer = Callable[[ConvolutionInfo, torch.Tensor, "torch.Tensor | None"], "Callable[[torch.Tensor], torch.Tensor] | None"]
-
-
-def _frozen_operands(gm: torch.fx.GraphModule, conv: torch.fx.Node
+def frozen_operands(gm: torch.fx.GraphModule, conv: torch.fx.Node
                      ) -> tuple[torch.Tensor, torch.Tensor | None, frozenset[int]] | None:
     """A convolution's frozen weight and bias (None when it has none) and their origin; None
     unless both are frozen constants."""
@@ -102,7 +88,7 @@ def fold_batch_norms(gm: torch.fx.GraphModule) -> int:
     graph = gm.graph
     folded = 0
     for conv in list(graph.nodes):
-        operands = _frozen_operands(gm, conv)
+        operands = frozen_operands(gm, conv)
         out = conv.meta.get("val")
         if operands is None or conv.args[6] or not isinstance(out, torch.Tensor) or out.dim() < 2:
             continue
@@ -135,63 +121,3 @@ def fold_batch_norms(gm: torch.fx.GraphModule) -> int:
     graph.eliminate_dead_code()
     gm.recompile()
     return folded
-
-
-class FrozenConvolution:
-    """A convolution the backend computes over its own packed weight: the graph calls it with
-    the input alone. ``_schema`` says it returns a new tensor (no alias of its input) and
-    mutates nothing, as the memory planner and the reports read an ATen op's schema."""
-
-    _schema = torch._C.parse_schema("coil::frozen_convolution(Tensor input) -> Tensor")
-    #: Reported as a library call by design, not as a fallback.
-    coil_library = True
-
-    def __init__(self, fn: Callable[[torch.Tensor], torch.Tensor], info: ConvolutionInfo) -> None:
-        self.fn = fn
-        self._op = fn  # what the wrapper calls (as it calls an OpOverload's bound C++ callable)
-        self.info = info
-        self.__name__ = "coil.frozen_convolution"
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fn(x)
-
-    def __repr__(self) -> str:
-        return f"FrozenConvolution({self.info})"
-
-
-def prepack_convolutions(gm: torch.fx.GraphModule, packer: Callable[[torch.device], Packer | None]) -> int:
-    """Offer each 2-D convolution over frozen operands to its device's backend
-    (``packer(device)``) and call what it returns instead; returns how many it took."""
-    graph = gm.graph
-    taken = 0
-    for conv in list(graph.nodes):
-        operands = _frozen_operands(gm, conv)
-        out = conv.meta.get("val")
-        x = conv.args[0] if operands is not None else None
-        if (not isinstance(x, torch.fx.Node) or not isinstance(out, torch.Tensor) or out.dim() != 4
-                or not isinstance(x.meta.get("val"), torch.Tensor) or x.meta["val"].dim() != 4
-                or any(not isinstance(s, int) for s in (*x.meta["val"].shape, *out.shape))):
-            continue
-        pack = packer(out.device)
-        if pack is None:
-            continue
-        weight, bias, origin = operands
-        info = describe(conv, frozen=True)
-        try:
-            fn = pack(info, weight, bias)
-        except Exception as exc:  # noqa: BLE001 - the library declined: ATen's convolution stays
-            log.warning("coil: the %s backend could not pack a frozen convolution (%s: %s); "
-                        "it stays a library call", out.device.type, type(exc).__name__, exc)
-            fn = None
-        if fn is None:
-            continue
-        with graph.inserting_before(conv):
-            new = graph.call_function(FrozenConvolution(fn, info), (x,))
-        new.meta["val"] = out
-        new.meta[ORIGIN] = origin
-        conv.replace_all_uses_with(new)
-        graph.erase_node(conv)
-        taken += 1
-    graph.eliminate_dead_code()
-    gm.recompile()
-    return taken

@@ -6,8 +6,9 @@ parameters or module buffers (:func:`candidates`), with their real tensors: the 
 compiles see fake ones. For the inference graph AOTAutograd then traces,
 :func:`frozen_values` maps them to that graph's inputs, and :func:`freeze` (after the layout
 pass) turns those placeholders into constants and runs the passes that use them: constant
-folding (:mod:`coil.constant_fold`), batch norms folded into convolutions and convolutions
-handed to the device backend with their weights (:mod:`coil.conv_fold`). Parameters that no
+folding (:mod:`coil.constant_fold`), batch norms folded into convolutions
+(:mod:`coil.conv_fold`), and convolutions and linear layers handed to the device backend with
+their weights (:mod:`coil.prepack`). Parameters that no
 pass consumed go back to being inputs, read at their own address on every call.
 
 What a pass consumed was baked into the compiled graph, so :func:`guarded` checks on every
@@ -29,7 +30,8 @@ import torch
 import torch.fx
 
 from .constant_fold import ORIGIN, PARAMETER, fold_constants
-from .conv_fold import FrozenConvolution, Packer, fold_batch_norms, prepack_convolutions
+from .conv_fold import fold_batch_norms
+from .prepack import FrozenCall, Packers, prepack_convolutions, prepack_linears
 
 log = logging.getLogger(__name__)
 
@@ -121,16 +123,16 @@ class Frozen:
 
 
 def freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
-           packer: Callable[[torch.device], Packer | None]) -> Frozen:
+           packers: Packers) -> Frozen:
     """Make the placeholders at ``values``' positions constants, run the passes over them and
     say which parameters the graph now holds."""
     # AOTAutograd compiles its graphs inside its fake mode: constants are computed outside it
     with torch._subclasses.fake_tensor.unset_fake_temporarily():
-        return _freeze(gm, values, packer)
+        return _freeze(gm, values, packers)
 
 
 def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
-            packer: Callable[[torch.device], Packer | None]) -> Frozen:
+            packers: Packers) -> Frozen:
     graph = gm.graph
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     first = next((n for n in graph.nodes if n.op != "placeholder"), None)
@@ -152,7 +154,8 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
         return Frozen([], f"freezing: none of the {len(values)} parameters is read")
     folded = fold_constants(gm)
     batch_norms = fold_batch_norms(gm)
-    packed = prepack_convolutions(gm, packer)
+    packed = prepack_convolutions(gm, packers)
+    linears = prepack_linears(gm, packers)
     baked: set[int] = set()
     for node in list(graph.nodes):
         if node in attrs:  # a parameter read as it is: an input again
@@ -160,7 +163,7 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
             graph.erase_node(node)
         elif ORIGIN not in node.meta:
             continue
-        elif node.op == "get_attr" or isinstance(node.target, FrozenConvolution):
+        elif node.op == "get_attr" or isinstance(node.target, FrozenCall):
             baked |= node.meta[ORIGIN]  # a value computed from parameters, held by the graph
         else:  # a view of parameters, taken on each call from the inputs it reads
             del node.meta[ORIGIN]
@@ -172,7 +175,8 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
     gm.recompile()
     note = (f"freezing: {len(baked)} of {len(values)} parameters held as constants (checked on each "
             f"call), {folded} op(s) on them run once, {batch_norms} batch norm(s) folded into "
-            f"convolutions, {packed} convolution(s) to the backend's packed calls")
+            f"convolutions, {packed} convolution(s) and {linears} linear layer(s) to the backend's "
+            f"packed calls")
     log.debug("%s", note)
     return Frozen([Baked(p, values[p], values[p].data_ptr(), values[p]._version) for p in sorted(baked)], note)
 

@@ -261,7 +261,7 @@ class GraphLowering:
         self.ctx.origin = _target_name(node.target)
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
-        # by design, unless its lowering takes it; or a backend's own call (coil.conv_fold)
+        # by design, unless its lowering takes it; or a backend's own call (coil.prepack)
         library = node.target in LIBRARY_OPS or getattr(node.target, "coil_library", False)
         fn = self.registry.lookup(node.target, device_type)
         unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)

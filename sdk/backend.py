@@ -348,6 +348,16 @@ class DeviceBackend(Generic[ModuleT]):
         default declines (SDK 1.5.0)."""
         return None
 
+    def frozen_linear(self, rows: int, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A linear layer's matrix product in a frozen inference graph (the ``freezing``
+        knob): ``input @ weight.T + bias`` for a 2-D input of ``rows`` rows, ``weight`` of
+        shape (out features, in features) and ``bias`` (out features,) or None. Return a
+        callable ``f(input) -> output`` computing it (the weight packed once, say), or None to
+        leave the product to the core. Asked once per product when the graph compiles; an
+        exception is reported and leaves it to the core. The default declines (SDK 1.5.0)."""
+        return None
+
     def synchronize(self) -> None:
         """Wait for the device to finish queued work (benchmarks and tests call it)."""
 

@@ -227,8 +227,9 @@ HISTORY: tuple[Release, ...] = (
                "instead of calling the library (default False)"),
     )),
     Release("1.5.0", (
-        Change("the freezing knob: DeviceBackend.frozen_convolution(info, weight, bias) may "
-               "replace a 2-D convolution of a frozen inference graph by the backend's own "
+        Change("the freezing knob: DeviceBackend.frozen_convolution(info, weight, bias) and "
+               "DeviceBackend.frozen_linear(rows, weight, bias) may replace a 2-D convolution or "
+               "a linear layer's matrix product of a frozen inference graph by the backend's own "
                "callable (a pre-packed weight); ConvolutionInfo.frozen tells "
                "prefers_channels_last which convolutions' weights are frozen (default False)"),
     )),

@@ -52,7 +52,7 @@ def test_frozen_conv_net_matches_eager_and_packs_convolutions(bias: bool) -> Non
     # batch norms folded into the weights: no kernel divides by a square root of a variance
     assert "sqrt" not in sources, sources
     note = report.graphs[0].frozen
-    assert "3 batch norm(s) folded" in note and "2 convolution(s) to the backend" in note, note
+    assert "3 batch norm(s) folded" in note and "2 convolution(s) and 0 linear layer(s)" in note, note
     assert "freezing:" in str(report)
 
 
@@ -244,3 +244,27 @@ def test_only_parameters_a_pass_consumed_are_checked() -> None:
     assert any(b.tensor is conv[0].weight for b in seen[1])
     assert any(b.tensor is conv[1].running_var for b in seen[1])
     assert all(b.tensor is not conv[10].weight for b in seen[1])  # the linear's, read as it is
+
+
+def test_linear_layers_pack_for_mkl_where_that_wins() -> None:
+    """A linear layer of 32 rows against a 256x512 weight is MKL's packed product; the head
+    of 2 rows stays the core's (a library call that measured faster there)."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256)).eval()
+    head = nn.Linear(256, 10).eval()
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return head(net(x)[:2])
+
+    x = torch.randn(32, 256)
+    fn = torch.compile(f, backend="coil", options={"freezing": True})
+    with torch.no_grad(), recording() as report:
+        torch.testing.assert_close(fn(x), f(x), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(fn(x), f(x), atol=1e-4, rtol=1e-4)
+    assert report.library_calls.count("coil.frozen_linear") == 2, report.library_calls
+    assert "1 linear" not in report.graphs[0].frozen and "2 linear layer(s)" in report.graphs[0].frozen
+    with torch.no_grad():
+        net[0].bias.add_(1.0)  # a bias folded into the packed call: seen, compiled again
+        torch.testing.assert_close(fn(x), f(x), atol=1e-4, rtol=1e-4)

@@ -13,7 +13,7 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    # 1.5.0: packs frozen convolutions' weights (DeviceBackend.frozen_convolution); 1.4.0: declares Capabilities.depthwise_conv; 1.1.0: answers
+    # 1.5.0: packs frozen convolutions' and linear layers' weights (frozen_convolution, frozen_linear); 1.4.0: declares Capabilities.depthwise_conv; 1.1.0: answers
     # DeviceBackend.prefers_channels_last from a graph's convolutions; written
     # against 1.0.0, the first stable SDK (0.19's contract pinned: a generic
     # DeviceBackend[CompiledModule]); its writer is built on coil.sdk.codegen (0.17.0: value

@@ -190,6 +190,10 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         """oneDNN's convolution over a weight packed once (:mod:`.prepack`)."""
         return prepack.frozen_convolution(info, weight, bias)
 
+    def frozen_linear(self, rows: int, weight: Any, bias: Any) -> Any:
+        """MKL's matrix product over a weight packed once, where it wins (:mod:`.prepack`)."""
+        return prepack.frozen_linear(rows, weight, bias)
+
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)
         parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])

@@ -1,5 +1,5 @@
-"""Frozen convolutions through oneDNN, their weights packed once (the ``freezing`` knob;
-``DeviceBackend.frozen_convolution``, SDK 1.5.0).
+"""Frozen convolutions through oneDNN and linear layers through MKL, their weights packed
+once (the ``freezing`` knob; ``DeviceBackend.frozen_convolution`` and ``frozen_linear``, SDK 1.5.0).
 
 ATen's CPU convolution reorders its weight into oneDNN's blocked layout on every call; with
 the weight frozen, that reorder runs once, when the graph compiles
@@ -19,6 +19,17 @@ packed exactly where ATen would call oneDNN (:func:`aten_uses_onednn`, the same 
 (Timing both ways while the graph compiles was tried and misled: every call made inside
 AOTAutograd's compile pays 20-25 us more in dispatch, which favours the larger call.)
 
+The one exception measured: a 1x1 unstrided convolution with a weight of more than 65536
+elements, which ATen computes as a matrix product on one thread, runs 0.54-0.79x that time
+packed (ResNet-50's 1024->256, 256->1024, 2048->512, 512->2048 over 2x2-4x4 images, batch
+2), while smaller ones lose (1.1-3.3x for MobileNets' 8-256 channels; 0.85-1.02x at 65536).
+
+Linear layers (``DeviceBackend.frozen_linear``) go to MKL's packed matrix product
+(``mkl._mkl_reorder_linear_weight`` once, ``mkl._mkl_linear`` per call) where it measured
+faster, one thread and two, on this machine (an AMD EPYC): 8 to 256 rows against a weight of
+at least 32768 elements took 0.39-0.97x ATen's time (``F.linear``), and most of that range
+0.5-0.8x; fewer rows (2: 1.01-1.33x) and smaller weights (64x256: up to 1.33x) lose.
+
 Float32 only; depthwise convolutions the core generates itself
 (``Capabilities.depthwise_conv``: at most 25 taps) are left to it."""
 from __future__ import annotations
@@ -31,6 +42,11 @@ import coil.sdk as sdk
 
 #: Most window taps of a depthwise convolution the core generates (``coil.lowering.depthwise``).
 DEPTHWISE_TAPS = 25
+#: Fewest weight elements of a 1x1 convolution packed where ATen would not call oneDNN.
+POINTWISE_WEIGHT = 65536
+#: Rows and weight elements of the linear layers packed for MKL (see above).
+LINEAR_ROWS = (8, 256)
+LINEAR_WEIGHT = 32768
 
 
 def packs(info: sdk.ConvolutionInfo) -> bool:
@@ -38,7 +54,15 @@ def packs(info: sdk.ConvolutionInfo) -> bool:
     kh, kw = info.kernel_size
     return (info.frozen and not info.transposed and info.dtype == torch.float32
             and not (info.depthwise and kh * kw <= DEPTHWISE_TAPS)
-            and torch.backends.mkldnn.is_available() and aten_uses_onednn(info))
+            and torch.backends.mkldnn.is_available()
+            and (aten_uses_onednn(info) or _large_pointwise(info)))
+
+
+def _large_pointwise(info: sdk.ConvolutionInfo) -> bool:
+    """A 1x1 convolution whose weight is large enough that oneDNN's packed call beats ATen's
+    matrix product (:data:`POINTWISE_WEIGHT`)."""
+    out_channels, in_per_group, kh, kw = info.weight
+    return kh == kw == 1 and info.groups == 1 and out_channels * in_per_group > POINTWISE_WEIGHT
 
 
 def frozen_convolution(info: sdk.ConvolutionInfo, weight: torch.Tensor,
@@ -71,3 +95,21 @@ def aten_uses_onednn(info: sdk.ConvolutionInfo) -> bool:
                                or torch.get_num_threads() > 1)
     big_enough = info.groups > 1 or (kh > 3 and kw > 3) or n > 1 or n * c * h * w > 20480
     return not_single_threaded_1x1 and big_enough
+
+
+def frozen_linear(rows: int, weight: torch.Tensor,
+                  bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``input @ weight.T + bias`` through MKL with the weight packed once, where that
+    measured faster (:data:`LINEAR_ROWS`, :data:`LINEAR_WEIGHT`); None elsewhere."""
+    if (weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32)
+            or not LINEAR_ROWS[0] <= rows <= LINEAR_ROWS[1] or weight.numel() < LINEAR_WEIGHT
+            or not torch.backends.mkl.is_available() or not hasattr(torch.ops.mkl, "_mkl_linear")):
+        return None
+    weight = weight.contiguous()
+    packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows)
+    op = torch.ops.mkl._mkl_linear.default
+
+    def linear(x: torch.Tensor) -> torch.Tensor:
+        return op(x, packed, weight, bias, rows)
+
+    return linear
