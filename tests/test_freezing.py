@@ -268,3 +268,16 @@ def test_linear_layers_pack_for_mkl_where_that_wins() -> None:
     with torch.no_grad():
         net[0].bias.add_(1.0)  # a bias folded into the packed call: seen, compiled again
         torch.testing.assert_close(fn(x), f(x), atol=1e-4, rtol=1e-4)
+
+
+def test_batch_norm_in_training_mode_under_no_grad_is_not_frozen() -> None:
+    """A model left in train() mode updates its running statistics even under no_grad: the
+    graph writes into those buffers, so nothing is frozen and eager's updates happen."""
+    net, ref = _net().train(), _net().train()
+    x = torch.randn(2, 3, 12, 12)
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(fn(x), ref(x), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(net[1].running_mean, ref[1].running_mean)
+    torch.testing.assert_close(net[4].running_var, ref[4].running_var)

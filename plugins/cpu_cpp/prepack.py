@@ -19,10 +19,13 @@ packed exactly where ATen would call oneDNN (:func:`aten_uses_onednn`, the same 
 (Timing both ways while the graph compiles was tried and misled: every call made inside
 AOTAutograd's compile pays 20-25 us more in dispatch, which favours the larger call.)
 
-The one exception measured: a 1x1 unstrided convolution with a weight of more than 65536
-elements, which ATen computes as a matrix product on one thread, runs 0.54-0.79x that time
-packed (ResNet-50's 1024->256, 256->1024, 2048->512, 512->2048 over 2x2-4x4 images, batch
-2), while smaller ones lose (1.1-3.3x for MobileNets' 8-256 channels; 0.85-1.02x at 65536).
+The one exception measured: a 1x1 unstrided convolution with a weight of 262144 elements or
+more, which ATen computes as a matrix product on one thread, runs 0.54-0.68x that time packed
+(ResNet-50's 1024->256, 256->1024, 2048->512, 512->2048 over 2x2-4x4 images, batch 2; the
+model 23.4 ms against 25.4 without the exception). Smaller ones lose: 1.1-3.3x alone for
+MobileNets' 8-256 channels, and although 65536-element weights measured 0.85-1.02x alone,
+packing EfficientNet-B0's 75K-221K ones made the model slower (4.88 ms against 4.49 unpacked,
+one thread; 4.53 with this threshold).
 
 Linear layers (``DeviceBackend.frozen_linear``) go to MKL's packed matrix product
 (``mkl._mkl_reorder_linear_weight`` once, ``mkl._mkl_linear`` per call) where it measured
@@ -43,7 +46,7 @@ import coil.sdk as sdk
 #: Most window taps of a depthwise convolution the core generates (``coil.lowering.depthwise``).
 DEPTHWISE_TAPS = 25
 #: Fewest weight elements of a 1x1 convolution packed where ATen would not call oneDNN.
-POINTWISE_WEIGHT = 65536
+POINTWISE_WEIGHT = 262144
 #: Rows and weight elements of the linear layers packed for MKL (see above).
 LINEAR_ROWS = (8, 256)
 LINEAR_WEIGHT = 32768
@@ -62,7 +65,7 @@ def _large_pointwise(info: sdk.ConvolutionInfo) -> bool:
     """A 1x1 convolution whose weight is large enough that oneDNN's packed call beats ATen's
     matrix product (:data:`POINTWISE_WEIGHT`)."""
     out_channels, in_per_group, kh, kw = info.weight
-    return kh == kw == 1 and info.groups == 1 and out_channels * in_per_group > POINTWISE_WEIGHT
+    return kh == kw == 1 and info.groups == 1 and out_channels * in_per_group >= POINTWISE_WEIGHT
 
 
 def frozen_convolution(info: sdk.ConvolutionInfo, weight: torch.Tensor,
