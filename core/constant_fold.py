@@ -23,8 +23,6 @@ aten = torch.ops.aten
 
 #: ``node.meta`` key: the graph input positions a constant derives from.
 ORIGIN = "coil_frozen_from"
-#: ``node.meta`` key: set on a constant that is a frozen parameter itself, unchanged.
-PARAMETER = "coil_frozen_parameter"
 
 #: Ops whose result is not a function of their arguments' values.
 _UNINITIALISED = frozenset({aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty,

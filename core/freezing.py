@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 import torch.fx
 
-from .constant_fold import ORIGIN, PARAMETER, fold_constants
+from .constant_fold import ORIGIN, fold_constants
 from .conv_fold import fold_batch_norms
 from .prepack import FrozenCall, Packers, prepack_convolutions, prepack_linears
 
@@ -147,7 +147,6 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
             attr = graph.get_attr(name)
         attr.meta.update(placeholder.meta)
         attr.meta[ORIGIN] = frozenset({position})
-        attr.meta[PARAMETER] = position
         placeholder.replace_all_uses_with(attr)
         attrs[attr] = placeholder
     if not attrs:
