@@ -74,8 +74,9 @@ def add_constant(gm: torch.fx.GraphModule, value: torch.Tensor, origin: frozense
 def fake_of(gm: torch.fx.GraphModule, value: torch.Tensor) -> torch.Tensor:
     """``value`` as the fake mode of ``gm``'s inputs sees it (the ``meta["val"]`` later passes
     propagate through), or ``value`` itself where the graph has none."""
-    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
-    fake_mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+    example = next((n.meta["val"] for n in gm.graph.find_nodes(op="placeholder")
+                    if isinstance(n.meta.get("val"), torch.Tensor)), None)
+    fake_mode = torch._guards.detect_fake_mode([example] if example is not None else [])
     return fake_mode.from_tensor(value, static_shapes=True) if fake_mode is not None else value
 
 

@@ -17,17 +17,12 @@ import torch.fx
 from .constant_fold import ORIGIN, value_of
 from .conv_fold import frozen_operands
 from .conv_layout import describe
-from .sdk.backend import ConvolutionInfo
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
 
-#: A backend's ``frozen_convolution``: (info, weight, bias) -> a callable of the input, or None.
-ConvolutionPacker = Callable[[ConvolutionInfo, torch.Tensor, "torch.Tensor | None"],
-                             "Callable[[torch.Tensor], torch.Tensor] | None"]
-#: A backend's ``frozen_linear``: (rows, weight, bias) -> a callable of the input, or None.
-LinearPacker = Callable[[int, torch.Tensor, "torch.Tensor | None"], "Callable[[torch.Tensor], torch.Tensor] | None"]
-#: Which backend method, for which device: (method name, device) -> the method, or None.
+#: Which backend method (``frozen_convolution``, ``frozen_linear``), for which device:
+#: (method name, device) -> the bound method, or None.
 Packers = Callable[[str, torch.device], Any]
 
 
