@@ -183,26 +183,66 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
 Recompile = Callable[[list[Any], bool], "tuple[Callable[[list[Any]], Any], list[Baked]]"]
 
 
+#: Frozen copies of one graph kept for different parameter objects (instances of one model
+#: class share Dynamo's compiled frame, so each instance's parameters reach the same graph);
+#: instances beyond these run the graph unfrozen.
+FROZEN_COPIES = 4
+
+
 def guarded(fn: Callable[[list[Any]], Any], baked: list[Baked], recompile: Recompile) -> Callable[[list[Any]], Any]:
-    """``fn``, checking before each call that every baked parameter is unchanged. Where one
-    changed, the graph is compiled again (``recompile(args, freeze)``: the new callable and
-    its baked parameters), with the current values frozen the first time and without
-    freezing the second (parameters that keep changing are inputs), and runs from then on."""
+    """``fn``, checking before each call that every baked parameter is unchanged.
+
+    Parameters that are other objects (another instance of the model) get a frozen copy of
+    their own (``recompile(args, True)``: the new callable and its baked parameters), up to
+    :data:`FROZEN_COPIES`; further instances share one unfrozen compile. A parameter changed in
+    place (an optimizer step, ``load_state_dict``) is frozen again the first time and, the
+    second time, the graph runs unfrozen from then on (parameters that keep changing are
+    inputs). Both say so in a warning."""
     if not baked:
         return fn
-    state: list[Any] = [fn, baked, 0]
+    copies: list[tuple[Callable[[list[Any]], Any], list[Baked]]] = [(fn, baked)]  # last used first
+    state: dict[str, Any] = {"unfrozen": None, "changes": 0}
+
+    def holds(held: list[Baked], args: list[Any]) -> bool:
+        for b in held:
+            if not b.holds(args[b.position]):
+                return False
+        return True
 
     def call(args: list[Any]) -> Any:
-        for b in state[1]:
-            if not b.holds(args[b.position]):
-                again = state[2] == 0
-                log.warning("coil: a parameter frozen into a compiled graph (input %d) changed after "
-                            "the graph compiled (the freezing knob assumes parameters do not change); "
-                            "compiling the graph again%s", b.position,
-                            "" if again else ", without freezing, since they changed again")
-                state[0], state[1] = recompile(list(args), again)
-                state[2] += 1
-                break
-        return state[0](args)
+        if holds(copies[0][1], args):
+            return copies[0][0](args)
+        for i in range(1, len(copies)):
+            if holds(copies[i][1], args):
+                copies.insert(0, copies.pop(i))
+                return copies[0][0](args)
+        if state["unfrozen"] is None:
+            _compile_for(list(args))
+        return (state["unfrozen"] or copies[0][0])(args)
+
+    def _compile_for(args: list[Any]) -> None:
+        changed = next((i for i, (_, held) in enumerate(copies)
+                        if all(args[b.position] is b.tensor for b in held)), None)
+        if changed is not None:  # the same parameters, changed in place
+            state["changes"] += 1
+            again = state["changes"] == 1
+            log.warning("coil: a parameter frozen into a compiled graph changed after the graph "
+                        "compiled (the freezing knob assumes parameters do not change); compiling "
+                        "the graph again%s", "" if again else ", without freezing, since they changed again")
+            if again:
+                copies.pop(changed)
+                copies.insert(0, recompile(args, True))
+            else:
+                copies.clear()
+                copies.append((recompile(args, False)[0], []))
+                state["unfrozen"] = copies[0][0]
+        elif len(copies) < FROZEN_COPIES:
+            log.info("coil: another set of parameters reached a frozen graph (another instance of "
+                     "the model): compiling a frozen copy for it")
+            copies.insert(0, recompile(args, True))
+        else:
+            log.warning("coil: more than %d sets of parameters reached one frozen graph (instances "
+                        "of the model): compiling it without freezing for the others", FROZEN_COPIES)
+            state["unfrozen"] = recompile(args, False)[0]
 
     return call

@@ -281,3 +281,46 @@ def test_batch_norm_in_training_mode_under_no_grad_is_not_frozen() -> None:
             torch.testing.assert_close(fn(x), ref(x), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(net[1].running_mean, ref[1].running_mean)
     torch.testing.assert_close(net[4].running_var, ref[4].running_var)
+
+
+def _instances(count: int) -> list[nn.Module]:
+    """``count`` nets of one class with different weights."""
+    nets = [_net() for _ in range(count)]
+    with torch.no_grad():
+        for i, net in enumerate(nets):
+            for p in net.parameters():
+                p.add_(0.1 * i)
+    return nets
+
+
+def test_instances_of_one_model_class_each_get_a_frozen_copy(caplog: pytest.LogCaptureFixture) -> None:
+    """Instances of one class share Dynamo's compiled frame, so each instance's parameters
+    reach the same frozen graph: each gets a copy frozen with its own weights, not a recompile
+    per switch, and not the first instance's weights."""
+    from coil import freezing
+    nets = _instances(3)
+    fns = [torch.compile(net, backend="coil", options={"freezing": True}) for net in nets]
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad(), recording() as rep, caplog.at_level(logging.WARNING, logger="coil.freezing"):
+        for _ in range(3):
+            for fn, net in zip(fns, nets):
+                torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+    assert not caplog.records, [r.getMessage() for r in caplog.records]
+    frozen = [g for g in rep.graphs if g.frozen.startswith("freezing: ") and "held as constants" in g.frozen]
+    assert len(frozen) == 3, [g.frozen for g in rep.graphs]
+    assert len(nets) <= freezing.FROZEN_COPIES
+
+
+def test_instances_beyond_the_frozen_copies_run_unfrozen(caplog: pytest.LogCaptureFixture) -> None:
+    from coil import freezing
+    nets = _instances(freezing.FROZEN_COPIES + 2)
+    fns = [torch.compile(net, backend="coil", options={"freezing": True}) for net in nets]
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="coil.freezing"):
+        for _ in range(2):
+            for fn, net in zip(fns, nets):
+                torch.testing.assert_close(fn(x), net(x), atol=1e-5, rtol=1e-5)
+        nets[0][0].weight.mul_(1.5)  # a copy's own parameter changed in place is still seen
+        torch.testing.assert_close(fns[0](x), nets[0](x), atol=1e-5, rtol=1e-5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("without freezing for the others" in m for m in messages) == 1, messages
