@@ -153,7 +153,7 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
         return Frozen([], f"freezing: none of the {len(values)} parameters is read")
     folded = fold_constants(gm)
     batch_norms = fold_batch_norms(gm)
-    packed = prepack_convolutions(gm, packers)
+    packed, pointwise = prepack_convolutions(gm, packers)
     linears = prepack_linears(gm, packers)
     baked: set[int] = set()
     for node in list(graph.nodes):
@@ -174,8 +174,9 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
     gm.recompile()
     note = (f"freezing: {len(baked)} of {len(values)} parameters held as constants (checked on each "
             f"call), {folded} op(s) on them run once, {batch_norms} batch norm(s) folded into "
-            f"convolutions, {packed} convolution(s) and {linears} linear layer(s) to the backend's "
-            f"packed calls")
+            f"convolutions, {packed} convolution(s) "
+            f"{f'({pointwise} of them 1x1, as linear layers) ' if pointwise else ''}and {linears} "
+            f"linear layer(s) to the backend's packed calls")
     log.debug("%s", note)
     return Frozen([Baked(p, values[p], values[p].data_ptr(), values[p]._version) for p in sorted(baked)], note)
 

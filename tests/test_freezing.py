@@ -324,3 +324,28 @@ def test_instances_beyond_the_frozen_copies_run_unfrozen(caplog: pytest.LogCaptu
         torch.testing.assert_close(fns[0](x), nets[0](x), atol=1e-5, rtol=1e-5)
     messages = [r.getMessage() for r in caplog.records]
     assert sum("without freezing for the others" in m for m in messages) == 1, messages
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_pointwise_convolution_the_backend_declines_goes_as_a_linear_layer(channels_last: bool) -> None:
+    """One thread: ATen (and so the C++ plugin) leaves a 1x1 convolution over two images to
+    its matrix product, which the plugin's MKL rule takes as a linear layer instead (32
+    pixels, a 640x160 weight). Strided or grouped 1x1 convolutions are no linear layers."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(160, 640, 1), nn.GELU(), nn.Conv2d(640, 160, 1),
+                        nn.Conv2d(160, 160, 1, stride=2), nn.Conv2d(160, 160, 1, groups=2)).eval()
+    x = torch.randn(2, 160, 4, 4)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad(), config.override(freezing=True):
+            report = coil.explain(net, x)
+            out = torch.compile(net, backend="coil", options={"freezing": True})(x)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(out, net(x), atol=1e-4, rtol=1e-4)
+    library = report.library_calls
+    assert library.count("coil.frozen_linear") == 2, library
+    assert "2 of them 1x1, as linear layers" in report.graphs[0].frozen, report.graphs[0].frozen
