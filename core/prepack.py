@@ -7,10 +7,10 @@ Why: a library that keeps weights in a layout of its own reorders them on every 
 the weight frozen the reorder runs once. What each backend packs, and the measurements behind
 it, are the backend's (the C++ plugin's are in its ``prepack`` module).
 
-A 1x1 convolution (unstrided, unpadded, one group) that the backend declines as a
-convolution is offered again as the linear layer it is, over each pixel's channels: ATen's
-CPU convolution computes small ones as a matrix product of its own, which measured 1.1-3.4x
-slower than MKL's packed linear call at the shapes the C++ plugin packs (ConvNeXt's and
+A 1x1 convolution (unstrided, unpadded, one group) over a channels-last input that the
+backend declines as a convolution is offered again as the linear layer it is, over each
+pixel's channels: ATen's CPU convolution computes small ones as a matrix product of its
+own, which measured 1.1-3.4x slower than MKL's packed linear call at the shapes the C++ plugin packs (ConvNeXt's and
 ResNet-50's 1x1 convolutions over 4x4-8x8 images, batch 2, one thread)."""
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def prepack_convolutions(gm: torch.fx.GraphModule, packers: Packers) -> tuple[in
         if fn is not None:
             _replace(graph, conv, x, fn, "coil.frozen_convolution", info, origin)
             taken += 1
-        elif _pointwise(info):
+        elif _pointwise(info) and x.meta["val"].is_contiguous(memory_format=torch.channels_last):
             linear = _as_linear(packers("frozen_linear", out.device), info, weight, bias)
             if linear is not None:
                 _replace(graph, conv, x, linear, "coil.frozen_linear", f"{info} as a linear layer", origin)
@@ -120,9 +120,8 @@ def _pointwise(info: Any) -> bool:
 def _as_linear(pack: Any, info: Any, weight: torch.Tensor,
                bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """A 1x1 convolution the backend did not take as one, offered as the linear layer it is
-    (``frozen_linear`` over the pixels' channel vectors): the call permutes the input to
-    (pixels, channels) (a view where it is channels-last) and returns the output
-    channels-last."""
+    (``frozen_linear`` over the pixels' channel vectors) where its input is channels-last:
+    the call views the input as (pixels, channels) and returns the output channels-last."""
     if pack is None:
         return None
     n, c, h, w = info.input
