@@ -31,6 +31,7 @@ from .inplace import InplacePolicy
 from .memory import plan_memory, with_inplace
 from .conv_bias import split_conv_bias
 from .conv_layout import Chooser, adopt_input_layouts, output_strides, saved_output_positions, to_channels_last
+from .conv_matmul import matmul_convolutions
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
 from .scheduler import schedule
@@ -162,18 +163,20 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
-def _packer(reg: Any, method: str, device: torch.device) -> Any:
-    """``device``'s backend's ``method`` (``frozen_convolution``, ``frozen_linear``) where its
-    plugin declares SDK 1.5.0 or later; None elsewhere."""
+def _packer(reg: Any, method: str, device: torch.device,
+            since: tuple[int, int, int] = (1, 5, 0)) -> Any:
+    """``device``'s backend's ``method`` (``frozen_convolution``, ``frozen_linear``: SDK
+    1.5.0; ``convolution_as_matmul``: :data:`MATMUL_API`) where its plugin declares SDK
+    ``since`` or later; None elsewhere."""
     backend = reg.backends.get(device.type)
     api = reg.api_version(device.type)
-    if backend is None or api is None or versions.parse(api) < FROZEN_CALLS_API:
+    if backend is None or api is None or versions.parse(api) < since:
         return None
     return getattr(backend, method, None)
 
 
-#: The SDK release that introduced ``DeviceBackend.frozen_convolution`` and ``frozen_linear``.
-FROZEN_CALLS_API = (1, 5, 0)
+#: The SDK release that introduced ``DeviceBackend.convolution_as_matmul``.
+MATMUL_API = (1, 6, 0)
 
 
 def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
@@ -215,6 +218,8 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         baked += done.baked
         frozen_note = done.note
         split_conv_bias(gm)  # the biases batch norms folded into, of convolutions left to the core
+    if kind == "inference":
+        matmul_convolutions(gm, lambda device: _packer(reg, "convolution_as_matmul", device, MATMUL_API))
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,

@@ -23,6 +23,7 @@ import torch.fx
 from .constant_fold import ORIGIN, value_of
 from .conv_fold import frozen_operands
 from .conv_layout import describe
+from .conv_matmul import pointwise
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -100,7 +101,7 @@ def prepack_convolutions(gm: torch.fx.GraphModule, packers: Packers) -> tuple[in
         if fn is not None:
             _replace(graph, conv, x, fn, "coil.frozen_convolution", info, origin)
             taken += 1
-        elif _pointwise(info) and x.meta["val"].is_contiguous(memory_format=torch.channels_last):
+        elif pointwise(info) and x.meta["val"].is_contiguous(memory_format=torch.channels_last):
             linear = _as_linear(packers("frozen_linear", out.device), info, weight, bias)
             if linear is not None:
                 _replace(graph, conv, x, linear, "coil.frozen_linear", f"{info} as a linear layer", origin)
@@ -109,12 +110,6 @@ def prepack_convolutions(gm: torch.fx.GraphModule, packers: Packers) -> tuple[in
     graph.eliminate_dead_code()
     gm.recompile()
     return taken, as_linear
-
-
-def _pointwise(info: Any) -> bool:
-    """A 1x1 convolution that is a linear layer over the channels of each pixel."""
-    return (not info.transposed and info.groups == 1 and info.kernel_size == (1, 1)
-            and info.stride == (1, 1) and info.padding == (0, 0))
 
 
 def _as_linear(pack: Any, info: Any, weight: torch.Tensor,

@@ -348,6 +348,16 @@ class DeviceBackend(Generic[ModuleT]):
         default declines (SDK 1.5.0)."""
         return None
 
+    def convolution_as_matmul(self, info: ConvolutionInfo) -> bool:
+        """Whether the core should compute this 1x1 convolution of an inference graph
+        (unstrided, unpadded, one group, its input channels-last, its bias already split off
+        as an add) as a matrix product of the input's pixels by the transposed weight, which
+        reaches the backend as ``aten.mm`` (its library call or a template) instead of
+        ``aten.convolution``. Asked once per such convolution when the graph compiles; a
+        frozen convolution is asked after :meth:`frozen_convolution` and
+        :meth:`frozen_linear` declined it. The default declines (SDK 1.6.0)."""
+        return False
+
     def frozen_linear(self, rows: int, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """A linear layer's matrix product in a frozen inference graph (the ``freezing``

@@ -233,6 +233,11 @@ HISTORY: tuple[Release, ...] = (
                "callable (a pre-packed weight); ConvolutionInfo.frozen tells "
                "prefers_channels_last which convolutions' weights are frozen (default False)"),
     )),
+    Release("1.6.0", (
+        Change("DeviceBackend.convolution_as_matmul(info): the core computes a 1x1 convolution "
+               "of an inference graph over a channels-last input as aten.mm of the pixels by "
+               "the transposed weight where the backend says yes (default False)"),
+    )),
 )
 
 #: The API version this Coil provides.

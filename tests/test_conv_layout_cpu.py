@@ -100,9 +100,10 @@ def _infer(net: torch.nn.Module) -> list[bool]:
 
 
 def test_a_depthwise_net_runs_channels_last_and_matches_eager(cpu_plugin):
-    # the stem and the pointwise convolution call ATen; the depthwise one is a generated
-    # kernel (Capabilities.depthwise_conv), so it is not among the calls
-    assert _infer(_Depthwise()) == [True, True]
+    # the stem calls ATen; the depthwise one is a generated kernel (Capabilities.depthwise_conv)
+    # and the pointwise one a matrix product over the channels-last pixels
+    # (convolution_as_matmul), so neither is among the calls
+    assert _infer(_Depthwise()) == [True]
 
 
 def test_a_dense_net_stays_nchw_and_matches_eager(cpu_plugin):
@@ -257,9 +258,11 @@ def test_training_graphs_are_asked_with_training_and_only_under_the_knob(registe
 
 class _Declaring(CppBackend):
     """The C++ backend with the SDK's default method: its answer is the capability. Its
-    depthwise convolutions stay ATen calls, so that every convolution's layout is seen."""
+    depthwise and pointwise convolutions stay ATen calls, so that every convolution's layout
+    is seen."""
 
     prefers_channels_last = sdk.DeviceBackend.prefers_channels_last
+    convolution_as_matmul = sdk.DeviceBackend.convolution_as_matmul
 
     def __init__(self, declared: bool) -> None:
         super().__init__()

@@ -190,6 +190,10 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         """oneDNN's convolution over a weight packed once (:mod:`.prepack`)."""
         return prepack.frozen_convolution(info, weight, bias)
 
+    def convolution_as_matmul(self, info: sdk.ConvolutionInfo) -> bool:
+        """float32 1x1 convolutions as ``mm`` (:mod:`.prepack`)."""
+        return prepack.as_matmul(info)
+
     def frozen_linear(self, rows: int, weight: Any, bias: Any) -> Any:
         """MKL's matrix product over a weight packed once, where it wins (:mod:`.prepack`)."""
         return prepack.frozen_linear(rows, weight, bias)

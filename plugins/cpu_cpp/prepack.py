@@ -68,11 +68,20 @@ def _large_pointwise(info: sdk.ConvolutionInfo) -> bool:
     return kh == kw == 1 and info.groups == 1 and out_channels * in_per_group >= POINTWISE_WEIGHT
 
 
+def as_matmul(info: sdk.ConvolutionInfo) -> bool:
+    """Whether a 1x1 convolution (unstrided, unpadded, one group) runs as a matrix product
+    (``DeviceBackend.convolution_as_matmul``; see the module's notes)."""
+    return (info.dtype == torch.float32 and not info.transposed and info.groups == 1
+            and info.kernel_size == (1, 1) and info.stride == (1, 1) and info.padding == (0, 0))
+
+
 def frozen_convolution(info: sdk.ConvolutionInfo, weight: torch.Tensor,
                        bias: torch.Tensor | None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The convolution over ``weight`` packed for ``info``'s input size; None where
-    :func:`packs` says no."""
-    if not packs(info) or weight.dtype != torch.float32 or (bias is not None and bias.dtype != torch.float32):
+    :func:`packs` says no, and for the 1x1 convolutions that go as matrix products
+    (:func:`as_matmul`: MKL's packed linear call or ``mm``)."""
+    if (not packs(info) or as_matmul(info) or weight.dtype != torch.float32
+            or (bias is not None and bias.dtype != torch.float32)):
         return None
     padding, stride, dilation = list(info.padding), list(info.stride), list(info.dilation)
     groups = info.groups

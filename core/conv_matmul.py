@@ -1,0 +1,99 @@
+"""1x1 convolutions of inference graphs as matrix products, where the device's backend asks
+for it (``DeviceBackend.convolution_as_matmul``, SDK 1.6.0).
+
+A 1x1 convolution (unstrided, unpadded, one group) is a linear layer over each pixel's
+channels. Over a channels-last input the pixels' channel vectors are the rows of a matrix
+already, so the convolution is ``mm`` of that view by the transposed weight, and the product
+viewed back is the output, channels-last. A library's convolution can cost far more than the
+product (the C++ plugin's measurements are in its ``prepack`` module). The pass runs after
+the freezing passes (a frozen convolution the backend packed is no longer a convolution) and
+after the bias split (:mod:`coil.conv_bias`), so the bias is an add that fuses into the next
+kernel. Inference graphs only: a training graph's saved activations and its backward's
+convolutions are left as they are."""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+import torch.fx
+
+from .conv_layout import describe
+from .sdk.backend import ConvolutionInfo
+
+log = logging.getLogger(__name__)
+aten = torch.ops.aten
+
+#: The device's backend's ``convolution_as_matmul`` (None where its plugin predates it).
+Asker = Callable[[torch.device], Callable[[ConvolutionInfo], bool] | None]
+
+
+def pointwise(info: ConvolutionInfo) -> bool:
+    """A 1x1 convolution that is a linear layer over each pixel's channels."""
+    return (not info.transposed and info.groups == 1 and info.kernel_size == (1, 1)
+            and info.stride == (1, 1) and info.padding == (0, 0))
+
+
+def _candidate(conv: torch.fx.Node) -> bool:
+    if conv.op != "call_function" or conv.target is not aten.convolution.default or conv.kwargs:
+        return False
+    if len(conv.args) != 9 or conv.args[2] is not None:  # biases were split off before
+        return False
+    values = [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in (conv.args[0], conv.args[1])]
+    values.append(conv.meta.get("val"))
+    if not all(isinstance(v, torch.Tensor) and v.dim() == 4 and all(isinstance(s, int) for s in v.shape)
+               for v in values):
+        return False
+    x, weight, _ = values
+    return (x.is_contiguous(memory_format=torch.channels_last)  # its pixels are rows: a view
+            and (weight.is_contiguous() or weight.is_contiguous(memory_format=torch.channels_last)))
+
+
+class PointwiseMatmul:
+    """``aten.convolution`` of a 1x1 kernel as ``aten.mm``: the input's pixels (a view of a
+    channels-last input) by the transposed weight, the product returned as the 4-D
+    channels-last output. One library call to the core, so the kernels around it index a
+    plain 4-D buffer (views of the product lowered one by one left them div/mod index
+    arithmetic: MobileNetV2's depthwise kernels ran 20x slower on the C++ plugin)."""
+
+    _schema = torch._C.parse_schema("coil::pointwise_convolution(Tensor input, Tensor weight) -> Tensor")
+    #: Reported as a library call by design, not as a fallback.
+    coil_library = True
+    __name__ = "coil.pointwise_convolution"
+
+    def __init__(self) -> None:
+        self._op = self  # what the wrapper calls
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        n, c, h, w = x.shape
+        out_channels = weight.shape[0]
+        product = torch.mm(x.permute(0, 2, 3, 1).reshape(n * h * w, c), weight.reshape(out_channels, c).t())
+        return product.view(n, h, w, out_channels).permute(0, 3, 1, 2)
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+def matmul_convolutions(gm: torch.fx.GraphModule, ask: Asker) -> int:
+    """Rewrite the bias-free 1x1 convolutions over channels-last inputs whose backend asks
+    for it as matrix products; returns how many."""
+    graph = gm.graph
+    count = 0
+    for conv in list(graph.nodes):
+        if not _candidate(conv):
+            continue
+        info = describe(conv)
+        wants = ask(conv.meta["val"].device)
+        if not pointwise(info) or wants is None or not wants(info):
+            continue
+        with graph.inserting_before(conv):
+            new = graph.call_function(PointwiseMatmul(), (conv.args[0], conv.args[1]))
+        new.meta.update(conv.meta)
+        conv.replace_all_uses_with(new)
+        graph.erase_node(conv)
+        count += 1
+    if count:
+        graph.lint()
+        gm.recompile()
+        log.debug("%d 1x1 convolution(s) as matrix products", count)
+    return count
