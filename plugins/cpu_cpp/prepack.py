@@ -19,19 +19,29 @@ packed exactly where ATen would call oneDNN (:func:`aten_uses_onednn`, the same 
 (Timing both ways while the graph compiles was tried and misled: every call made inside
 AOTAutograd's compile pays 20-25 us more in dispatch, which favours the larger call.)
 
-The one exception measured: a 1x1 unstrided convolution with a weight of 262144 elements or
-more, which ATen computes as a matrix product on one thread, runs 0.54-0.68x that time packed
-(ResNet-50's 1024->256, 256->1024, 2048->512, 512->2048 over 2x2-4x4 images, batch 2; the
-model 23.4 ms against 25.4 without the exception). Smaller ones lose: 1.1-3.3x alone for
-MobileNets' 8-256 channels, and although 65536-element weights measured 0.85-1.02x alone,
-packing EfficientNet-B0's 75K-221K ones made the model slower (4.88 ms against 4.49 unpacked,
-one thread; 4.53 with this threshold).
+One exception counts for the layout only: a 1x1 unstrided convolution with a weight of
+262144 elements or more, which ATen computes as a matrix product on one thread, ran
+0.54-0.68x that time packed (ResNet-50's 1024->256 and the like, batch 2); such convolutions
+now go to MKL or ``mm`` (below), which were faster still, but a graph that has them is still
+laid out channels-last, as the packed call wanted.
 
 Linear layers (``DeviceBackend.frozen_linear``) go to MKL's packed matrix product
 (``mkl._mkl_reorder_linear_weight`` once, ``mkl._mkl_linear`` per call) where it measured
 faster, one thread and two, on this machine (an AMD EPYC): 8 to 256 rows against a weight of
 at least 32768 elements took 0.39-0.97x ATen's time (``F.linear``), and most of that range
 0.5-0.8x; fewer rows (2: 1.01-1.33x) and smaller weights (64x256: up to 1.33x) lose.
+
+1x1 convolutions (unstrided, unpadded, one group; :func:`as_matmul`) are matrix products
+of the pixels by the weight, and run as such (``DeviceBackend.convolution_as_matmul``: the
+core calls ``mm`` over the channels-last input; frozen ones go to MKL's linear call first,
+where its rule above takes them). oneDNN's call, packed or not, cost more at every shape
+measured (batch 2, float32, this machine): with two threads ATen's convolution calls oneDNN
+without a packed weight and took 1.3-5.8x ``mm``'s time over 21 shapes from MobileNets,
+EfficientNet, ConvNeXt and ResNet-50 (1943 against 906 us in all); packed, oneDNN took 826
+us over 15 of them against 558 for ``mm`` and 526 for MKL (one thread: 1106, 898, 855). With
+one thread ATen's own matrix product was level with ``mm`` for small weights and 1.1-1.3x
+slower for 65536 weight elements or more. EfficientNet-B0 with two threads: 3.65 against
+8.25 ms per call.
 
 Float32 only; depthwise convolutions the core generates itself
 (``Capabilities.depthwise_conv``: at most 25 taps) are left to it."""
