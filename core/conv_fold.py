@@ -31,19 +31,19 @@ def frozen_operands(gm: torch.fx.GraphModule, conv: torch.fx.Node
     return weight, bias, origin
 
 
-def _per_channel(c: Any, out: torch.Tensor, channels: int) -> torch.Tensor | None:
+def _per_channel(c: Any, out: torch.Tensor, channels: int, device: torch.device) -> torch.Tensor | None:
     """``c`` (a number, or a tensor that broadcasts along the output's channel dim only) as a
-    float64 vector over the channels; None for anything else."""
+    float64 vector over the channels on ``device`` (the weight's); None for anything else."""
     if isinstance(c, bool) or not isinstance(c, (int, float, torch.Tensor)):
         return None
     if not isinstance(c, torch.Tensor):
-        return torch.full((channels,), float(c), dtype=torch.float64)
+        return torch.full((channels,), float(c), dtype=torch.float64, device=device)
     if c.dim() > out.dim() or (c.dim() > 0 and c.dtype != out.dtype) or c.is_complex():
         return None
     shape = (1,) * (out.dim() - c.dim()) + tuple(c.shape)
     if any(n != 1 for d, n in enumerate(shape) if d != 1) or shape[1] not in (1, channels):
         return None
-    return c.reshape(-1).to(torch.float64).expand(channels).clone()
+    return c.reshape(-1).to(device=device, dtype=torch.float64).expand(channels).clone()
 
 
 def _affine_step(gm: torch.fx.GraphModule, user: torch.fx.Node, node: torch.fx.Node, out: torch.Tensor,
@@ -68,7 +68,7 @@ def _affine_step(gm: torch.fx.GraphModule, user: torch.fx.Node, node: torch.fx.N
             return None
         origin = other.meta[ORIGIN]
         other = tensor
-    v = _per_channel(other, out, scale.numel())
+    v = _per_channel(other, out, scale.numel(), scale.device)
     if v is None:
         return None
     if target is aten.mul.Tensor:
@@ -96,8 +96,10 @@ def fold_batch_norms(gm: torch.fx.GraphModule) -> int:
         if not out.dtype.is_floating_point or weight.dtype != out.dtype:
             continue
         channels = int(weight.shape[0])
-        scale = torch.ones(channels, dtype=torch.float64)
-        shift = bias.to(torch.float64) if bias is not None else torch.zeros(channels, dtype=torch.float64)
+        # on the weight's device: the constants the ops apply are there (a CUDA model's)
+        scale = torch.ones(channels, dtype=torch.float64, device=weight.device)
+        shift = (bias.to(device=weight.device, dtype=torch.float64) if bias is not None
+                 else torch.zeros(channels, dtype=torch.float64, device=weight.device))
         node, last = conv, None
         while len(node.users) == 1:
             user = next(iter(node.users))

@@ -12,7 +12,7 @@ import coil
 from coil import compile as coil_compile
 from coil import config
 from conftest import TEST_BACKEND
-from helpers import check
+from helpers import check, cpu_tensors
 
 
 def test_pointwise_chain_is_one_kernel():
@@ -362,9 +362,10 @@ def test_repeated_layers_compile_one_cpp_function_each(tmp_path):
             x = F.layer_norm(x @ w, (64,)).relu() + x
         return x
 
-    x, ws = torch.randn(8, 64), [torch.randn(64, 64) for _ in range(6)]
-    with coil.config.override(debug_dir=str(tmp_path)):
-        report = check(layers, x, *ws, atol=1e-4, rtol=1e-4)
+    with cpu_tensors():  # the C++ plugin's unit, also under COIL_TEST_DEVICE=cuda
+        x, ws = torch.randn(8, 64), [torch.randn(64, 64) for _ in range(6)]
+        with coil.config.override(debug_dir=str(tmp_path)):
+            report = check(layers, x, *ws, atol=1e-4, rtol=1e-4)
     (unit,) = tmp_path.glob("*/kernels_cpu.txt")
     functions = unit.read_text().count('extern "C" void')
     assert len(report.kernels) >= 6 and functions <= 2, (len(report.kernels), functions)
@@ -377,7 +378,10 @@ def test_pow_by_small_integer_exponents_is_eagers_product(dtype):
     x = (torch.randn(4099) * 10).to(dtype)
     f = torch.compile(lambda t: (torch.pow(t, 3.0), torch.pow(t, -2.0)), backend="coil")
     cube, inv_square = f(x)
-    tol = {} if TEST_BACKEND == "cpu_cpp" else {"rtol": 2e-6 if dtype == torch.float32 else 1e-2, "atol": 0}
+    # bit for bit from the C++ plugin; Triton's division (under the interpreter, and on CUDA
+    # tensors with COIL_TEST_DEVICE=cuda, where 14% of 1 / (x * x) were 1 ulp off) is not IEEE's
+    exact = TEST_BACKEND == "cpu_cpp" and x.device.type == "cpu"
+    tol = {} if exact else {"rtol": 2e-6 if dtype == torch.float32 else 1e-2, "atol": 0}
     torch.testing.assert_close(cube, torch.pow(x, 3.0), **(tol or {"rtol": 0, "atol": 0}))
     torch.testing.assert_close(inv_square, torch.pow(x, -2.0), **(tol or {"rtol": 0, "atol": 0}))
 

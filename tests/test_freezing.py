@@ -349,3 +349,38 @@ def test_a_pointwise_convolution_the_backend_declines_goes_as_a_linear_layer(cha
     library = report.library_calls
     assert library.count("coil.frozen_linear") == 2, library
     assert "2 of them 1x1, as linear layers" in report.graphs[0].frozen, report.graphs[0].frozen
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_batch_norm_folding_computes_on_the_weights_device(bias: bool) -> None:
+    """The folded scale and shift are built on the weight's device: a CUDA model's constants
+    met CPU tensors there (every conv net under freezing failed to compile on the GPU). The
+    weights here are on the meta device, which refuses CPU operands as CUDA does."""
+    from coil.constant_fold import ORIGIN
+    from coil.conv_fold import fold_batch_norms
+    aten = torch.ops.aten
+    gm = torch.fx.GraphModule(nn.Module(), torch.fx.Graph())
+    graph = gm.graph
+    constants = {"w": torch.ones(4, 3, 1, 1), "s": torch.full((1, 4, 1, 1), 2.0),
+                 "t": torch.full((4, 1, 1), 0.5)}
+    if bias:
+        constants["b"] = torch.ones(4)
+    nodes = {}
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3, 5, 5, device="meta")
+    for i, (name, value) in enumerate(constants.items()):
+        gm.register_buffer(name, value.to("meta"))
+        nodes[name] = graph.get_attr(name)
+        nodes[name].meta.update({ORIGIN: frozenset({i}), "val": value.to("meta")})
+    out = torch.empty(2, 4, 5, 5, device="meta")
+    conv = graph.call_function(aten.convolution.default, (x, nodes["w"], nodes.get("b"), [1, 1], [0, 0], [1, 1],
+                                                          False, [0, 0], 1))
+    mul = graph.call_function(aten.mul.Tensor, (conv, nodes["s"]))
+    add = graph.call_function(aten.add.Tensor, (mul, nodes["t"]))
+    for node in (conv, mul, add):
+        node.meta["val"] = out
+    graph.output(add)
+    gm.recompile()
+    assert fold_batch_norms(gm) == 1
+    folded = [n for n in gm.graph.nodes if n.op == "get_attr"]
+    assert all(getattr(gm, str(n.target)).device.type == "meta" for n in folded)
