@@ -141,7 +141,12 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], conf
         return _compile_body(gm, example_inputs, config, kind, line, on_key, {}, [])
     original = _copy_graph(gm)
     baked: list[freezing.Baked] = []
-    fn = _compile_body(gm, example_inputs, config, kind, line, None, frozen, baked)
+    try:
+        fn = _compile_body(gm, example_inputs, config, kind, line, None, frozen, baked)
+    except Exception as exc:  # noqa: BLE001 - freezing is an optimisation: without it, or a loud error
+        log.warning("coil: compiling a graph with frozen parameters failed (%s: %s); compiling it "
+                    "without freezing", type(exc).__name__, exc)
+        return _compile_body(_copy_graph(original), example_inputs, config, kind, line, on_key, {}, [])
 
     def recompile(args: list[Any], freeze: bool) -> tuple[Callable[[list[Any]], Any], list[freezing.Baked]]:
         values = {p: args[p] for p in frozen} if freeze else {}

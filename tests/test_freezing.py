@@ -384,3 +384,22 @@ def test_batch_norm_folding_computes_on_the_weights_device(bias: bool) -> None:
     assert fold_batch_norms(gm) == 1
     folded = [n for n in gm.graph.nodes if n.op == "get_attr"]
     assert all(getattr(gm, str(n.target)).device.type == "meta" for n in folded)
+
+
+def test_a_failing_freezing_pass_compiles_the_graph_without_freezing(monkeypatch: pytest.MonkeyPatch,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """Freezing is an optimisation: a pass that raises (as batch-norm folding did on CUDA)
+    leaves the graph compiled without it, with a warning, and the result right."""
+    from coil import freezing
+
+    def broken(gm: torch.fx.GraphModule) -> int:
+        raise RuntimeError("Expected all tensors to be on the same device")
+
+    monkeypatch.setattr(freezing, "fold_batch_norms", broken)
+    net = _net()
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad(), recording() as rep, caplog.at_level(logging.WARNING, logger="coil.compile"):
+        out = torch.compile(net, backend="coil", options={"freezing": True})(x)
+    torch.testing.assert_close(out, net(x), atol=1e-5, rtol=1e-5)
+    assert any("without freezing" in r.getMessage() for r in caplog.records), caplog.records
+    assert not any(g.frozen for g in rep.graphs), [g.frozen for g in rep.graphs]
