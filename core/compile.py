@@ -168,8 +168,12 @@ def _copy_graph(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(gm, graph)
 
 
+#: The SDK release that introduced ``DeviceBackend.frozen_convolution`` and ``frozen_linear``.
+FROZEN_CALLS_API = (1, 5, 0)
+
+
 def _packer(reg: Any, method: str, device: torch.device,
-            since: tuple[int, int, int] = (1, 5, 0)) -> Any:
+            since: tuple[int, int, int] = FROZEN_CALLS_API) -> Any:
     """``device``'s backend's ``method`` (``frozen_convolution``, ``frozen_linear``: SDK
     1.5.0; ``convolution_as_matmul``: :data:`MATMUL_API`) where its plugin declares SDK
     ``since`` or later; None elsewhere."""

@@ -8,10 +8,9 @@ the weight frozen the reorder runs once. What each backend packs, and the measur
 it, are the backend's (the C++ plugin's are in its ``prepack`` module).
 
 A 1x1 convolution (unstrided, unpadded, one group) over a channels-last input that the
-backend declines as a convolution is offered again as the linear layer it is, over each
-pixel's channels: ATen's CPU convolution computes small ones as a matrix product of its
-own, which measured 1.1-3.4x slower than MKL's packed linear call at the shapes the C++ plugin packs (ConvNeXt's and
-ResNet-50's 1x1 convolutions over 4x4-8x8 images, batch 2, one thread)."""
+backend declines as a convolution is offered again, to ``frozen_linear``, as the linear
+layer it is over each pixel's channels: a backend may run a linear layer faster than its
+convolution library runs the same product (the C++ plugin's figures are in its module)."""
 from __future__ import annotations
 
 import logging
