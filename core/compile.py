@@ -186,6 +186,8 @@ def _packer(reg: Any, method: str, device: torch.device,
 
 #: The SDK release that introduced ``DeviceBackend.convolution_as_matmul``.
 MATMUL_API = (1, 6, 0)
+#: The graphs whose 1x1 convolutions may become matrix products (:mod:`coil.conv_matmul`).
+MATMUL_KINDS = ("inference", "forward")
 
 
 def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
@@ -227,7 +229,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         baked += done.baked
         frozen_note = done.note
         split_conv_bias(gm)  # the biases batch norms folded into, of convolutions left to the core
-    if kind == "inference":
+    if kind in MATMUL_KINDS:
         matmul_convolutions(gm, lambda device: _packer(reg, "convolution_as_matmul", device, MATMUL_API))
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:

@@ -1,5 +1,5 @@
-"""1x1 convolutions of inference graphs as matrix products, where the device's backend asks
-for it (``DeviceBackend.convolution_as_matmul``, SDK 1.6.0).
+"""1x1 convolutions of inference and training forward graphs as matrix products, where the
+device's backend asks for it (``DeviceBackend.convolution_as_matmul``, SDK 1.6.0).
 
 A 1x1 convolution (unstrided, unpadded, one group) is a linear layer over each pixel's
 channels. Over a channels-last input the pixels' channel vectors are the rows of a matrix
@@ -8,8 +8,8 @@ viewed back is the output, channels-last. A library's convolution can cost far m
 product (the C++ plugin's measurements are in its ``prepack`` module). The pass runs after
 the freezing passes (a frozen convolution the backend packed is no longer a convolution) and
 after the bias split (:mod:`coil.conv_bias`), so the bias is an add that fuses into the next
-kernel. Inference graphs only: a training graph's saved activations and its backward's
-convolutions are left as they are."""
+kernel. A backward graph's convolutions (``convolution_backward``) are left as they are: the
+forward's product leaves what it saves for them (the input and the weight) unchanged."""
 from __future__ import annotations
 
 import logging

@@ -349,9 +349,9 @@ class DeviceBackend(Generic[ModuleT]):
         return None
 
     def convolution_as_matmul(self, info: ConvolutionInfo) -> bool:
-        """Whether the core should compute this 1x1 convolution of an inference graph
-        (unstrided, unpadded, one group, its input channels-last, its bias already split off
-        as an add) as a matrix product of the input's pixels by the transposed weight, which
+        """Whether the core should compute this 1x1 convolution of an inference graph or of a
+        training forward graph (unstrided, unpadded, one group, its input channels-last, its
+        bias already split off as an add) as a matrix product of the input's pixels by the transposed weight, which
         reaches the backend as ``aten.mm`` (its library call or a template) instead of
         ``aten.convolution``. Asked once per such convolution when the graph compiles; a
         frozen convolution is asked after :meth:`frozen_convolution` and

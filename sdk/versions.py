@@ -235,7 +235,7 @@ HISTORY: tuple[Release, ...] = (
     )),
     Release("1.6.0", (
         Change("DeviceBackend.convolution_as_matmul(info): the core computes a 1x1 convolution "
-               "of an inference graph over a channels-last input as aten.mm of the pixels by "
+               "of an inference or training forward graph over a channels-last input as aten.mm of the pixels by "
                "the transposed weight where the backend says yes (default False)"),
     )),
 )

@@ -73,18 +73,23 @@ def test_a_backend_that_declines_keeps_its_convolutions(monkeypatch: pytest.Monk
     torch.testing.assert_close(out, block(x), atol=1e-5, rtol=1e-5)
 
 
-def test_training_graphs_keep_their_convolutions() -> None:
-    block = _block().train()
-    x = torch.randn(2, 16, 8, 8, requires_grad=True)
-    report = coil.explain(block, x)
-    assert "coil.pointwise_convolution" not in report.library_calls
-    compiled = torch.compile(_block().train(), backend="coil")
-    out = compiled(x)
-    out.sum().backward()
-    grad = x.grad.clone()
-    x.grad = None
-    block(x).sum().backward()
-    torch.testing.assert_close(grad, x.grad, atol=1e-4, rtol=1e-4)
+def test_training_forward_graphs_use_products_and_gradients_match_eager() -> None:
+    """The forward's 1x1 convolutions are products; the backward keeps its
+    ``convolution_backward``, and every gradient is eager's."""
+    block, ref = _block().train(), _block().train()
+    x = torch.randn(2, 16, 8, 8)
+    report = coil.explain(block, x.clone().requires_grad_())
+    forward = [g for g in report.graphs if g.kind == "forward"]
+    assert forward and sum(g.library_ops.count("coil.pointwise_convolution") for g in forward) == 2, \
+        [g.library_ops for g in report.graphs]
+    torch._dynamo.reset()
+    compiled = torch.compile(block, backend="coil")
+    xs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    compiled(xs[0]).square().sum().backward()
+    ref(xs[1]).square().sum().backward()
+    torch.testing.assert_close(xs[0].grad, xs[1].grad, atol=1e-4, rtol=1e-4)
+    for (name, p), q in zip(block.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
 
 
 def test_frozen_pointwise_convolutions_go_to_mkl_or_mm() -> None:
