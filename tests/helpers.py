@@ -37,6 +37,17 @@ def matches_golden(text: str, path: Path, what: str) -> None:
 
 
 @contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """``torch.set_num_threads(count)`` inside the block (the C++ plugin's choices depend on it)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
 def cpu_tensors() -> Iterator[None]:
     """CPU as the default device inside the block, even under ``COIL_TEST_DEVICE=cuda``: for
     tests that route the ``cpu`` device to each plugin in turn."""

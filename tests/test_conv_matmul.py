@@ -9,6 +9,7 @@ from torch import nn
 
 import coil
 from coil import config
+from helpers import torch_threads
 
 
 def _block(bias: bool = False) -> nn.Module:
@@ -46,14 +47,9 @@ def _block(bias: bool = False) -> nn.Module:
 def test_pointwise_convolutions_run_as_matrix_products(bias: bool, threads: int) -> None:
     block = _block(bias)
     x = torch.randn(2, 16, 8, 8)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        with torch.no_grad():
-            report = coil.explain(block, x)
-            out = torch.compile(block, backend="coil")(x)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(threads), torch.no_grad():
+        report = coil.explain(block, x)
+        out = torch.compile(block, backend="coil")(x)
     torch.testing.assert_close(out, block(x), atol=1e-5, rtol=1e-5)
     library = report.library_calls
     # the expand and project convolutions; the strided and the grouped one stay convolutions
@@ -100,14 +96,9 @@ def test_frozen_pointwise_convolutions_go_to_mkl_or_mm() -> None:
     net = nn.Sequential(nn.Conv2d(160, 160, 3, padding=1, groups=160), nn.Conv2d(160, 640, 1),
                         nn.ReLU(), nn.Conv2d(640, 32, 1)).eval()
     x = torch.randn(2, 160, 4, 4)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad(), config.override(freezing=True):
-            report = coil.explain(net, x)
-            out = torch.compile(net, backend="coil", options={"freezing": True})(x)
-    finally:
-        torch.set_num_threads(before)
+    with torch_threads(1), torch.no_grad(), config.override(freezing=True):
+        report = coil.explain(net, x)
+        out = torch.compile(net, backend="coil", options={"freezing": True})(x)
     torch.testing.assert_close(out, net(x), atol=1e-4, rtol=1e-4)
     library = report.library_calls
     assert library.count("coil.frozen_linear") == 1, library  # 160 -> 640: 102400 weights

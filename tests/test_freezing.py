@@ -15,6 +15,7 @@ from torch import nn
 import coil
 from coil import config
 from coil.report import recording
+from helpers import torch_threads
 
 torch.backends.mkldnn.enabled = True
 
@@ -337,14 +338,9 @@ def test_a_pointwise_convolution_the_backend_declines_goes_as_a_linear_layer(cha
     x = torch.randn(2, 160, 4, 4)
     if channels_last:
         x = x.to(memory_format=torch.channels_last)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with torch.no_grad(), config.override(freezing=True):
-            report = coil.explain(net, x)
-            out = torch.compile(net, backend="coil", options={"freezing": True})(x)
-    finally:
-        torch.set_num_threads(threads)
+    with torch_threads(1), torch.no_grad(), config.override(freezing=True):
+        report = coil.explain(net, x)
+        out = torch.compile(net, backend="coil", options={"freezing": True})(x)
     torch.testing.assert_close(out, net(x), atol=1e-4, rtol=1e-4)
     library = report.library_calls
     assert library.count("coil.frozen_linear") == 2, library
