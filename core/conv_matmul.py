@@ -28,10 +28,18 @@ aten = torch.ops.aten
 Asker = Callable[[torch.device], Callable[[ConvolutionInfo], bool] | None]
 
 
-def pointwise(info: ConvolutionInfo) -> bool:
-    """A 1x1 convolution that is a linear layer over each pixel's channels."""
-    return (not info.transposed and info.groups == 1 and info.kernel_size == (1, 1)
-            and info.stride == (1, 1) and info.padding == (0, 0))
+def pixel_rows(x: torch.Tensor) -> torch.Tensor:
+    """A 4-D input's pixels as the rows of a (pixels, channels) matrix (a view where ``x`` is
+    channels-last)."""
+    n, c, h, w = x.shape
+    return x.permute(0, 2, 3, 1).reshape(n * h * w, c)
+
+
+def from_pixel_rows(rows: torch.Tensor, like: tuple[int, int, int, int]) -> torch.Tensor:
+    """A (pixels, channels) product as the 4-D output of an input shaped ``like`` (batch,
+    channels, height, width), channels-last."""
+    n, _, h, w = like
+    return rows.view(n, h, w, rows.shape[1]).permute(0, 3, 1, 2)
 
 
 def _candidate(conv: torch.fx.Node) -> bool:
@@ -65,10 +73,8 @@ class PointwiseMatmul:
         self._op = self  # what the wrapper calls
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        n, c, h, w = x.shape
-        out_channels = weight.shape[0]
-        product = torch.mm(x.permute(0, 2, 3, 1).reshape(n * h * w, c), weight.reshape(out_channels, c).t())
-        return product.view(n, h, w, out_channels).permute(0, 3, 1, 2)
+        weight = weight.reshape(weight.shape[0], weight.shape[1])
+        return from_pixel_rows(torch.mm(pixel_rows(x), weight.t()), x.shape)
 
     def __repr__(self) -> str:
         return self.__name__
@@ -84,7 +90,7 @@ def matmul_convolutions(gm: torch.fx.GraphModule, ask: Asker) -> int:
             continue
         info = describe(conv)
         wants = ask(conv.meta["val"].device)
-        if not pointwise(info) or wants is None or not wants(info):
+        if not info.pointwise or wants is None or not wants(info):
             continue
         with graph.inserting_before(conv):
             new = graph.call_function(PointwiseMatmul(), (conv.args[0], conv.args[1]))

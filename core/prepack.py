@@ -22,7 +22,7 @@ import torch.fx
 from .constant_fold import ORIGIN, value_of
 from .conv_fold import frozen_operands
 from .conv_layout import describe
-from .conv_matmul import pointwise
+from .conv_matmul import from_pixel_rows, pixel_rows
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -100,7 +100,7 @@ def prepack_convolutions(gm: torch.fx.GraphModule, packers: Packers) -> tuple[in
         if fn is not None:
             _replace(graph, conv, x, fn, "coil.frozen_convolution", info, origin)
             taken += 1
-        elif pointwise(info) and x.meta["val"].is_contiguous(memory_format=torch.channels_last):
+        elif info.pointwise and x.meta["val"].is_contiguous(memory_format=torch.channels_last):
             linear = _as_linear(packers("frozen_linear", out.device), info, weight, bias)
             if linear is not None:
                 _replace(graph, conv, x, linear, "coil.frozen_linear", f"{info} as a linear layer", origin)
@@ -119,16 +119,13 @@ def _as_linear(pack: Any, info: Any, weight: torch.Tensor,
     if pack is None:
         return None
     n, c, h, w = info.input
-    out_channels = info.weight[0]
-    rows = n * h * w
     what = f"{info} as a linear layer"
-    linear = _offer(pack, what, rows, weight.reshape(out_channels, c), bias)
+    linear = _offer(pack, what, n * h * w, weight.reshape(info.weight[0], c), bias)
     if linear is None:
         return None
 
     def convolution(x: torch.Tensor) -> torch.Tensor:
-        y = linear(x.permute(0, 2, 3, 1).reshape(rows, c))
-        return y.view(n, h, w, out_channels).permute(0, 3, 1, 2)
+        return from_pixel_rows(linear(pixel_rows(x)), info.input)
 
     return convolution
 

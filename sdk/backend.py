@@ -139,6 +139,13 @@ class ConvolutionInfo:
         return self.weight[2], self.weight[3]
 
     @property
+    def pointwise(self) -> bool:
+        """A 1x1 convolution that is a linear layer over each pixel's channels: unstrided,
+        unpadded, one group, not transposed (SDK 1.6.0)."""
+        return (not self.transposed and self.groups == 1 and self.kernel_size == (1, 1)
+                and self.stride == (1, 1) and self.padding == (0, 0))
+
+    @property
     def depthwise(self) -> bool:
         """One input channel per group, more than one group (MobileNet's, ConvNeXt's)."""
         return not self.transposed and self.groups > 1 and self.groups == self.input[1]
@@ -349,10 +356,10 @@ class DeviceBackend(Generic[ModuleT]):
         return None
 
     def convolution_as_matmul(self, info: ConvolutionInfo) -> bool:
-        """Whether the core should compute this 1x1 convolution of an inference graph or of a
-        training forward graph (unstrided, unpadded, one group, its input channels-last, its
-        bias already split off as an add) as a matrix product of the input's pixels by the transposed weight, which
-        reaches the backend as ``aten.mm`` (its library call or a template) instead of
+        """Whether the core should compute this 1x1 convolution (``info.pointwise``) of an
+        inference graph or of a training forward graph, its input channels-last and its bias
+        already split off as an add, as a matrix product of the input's pixels by the
+        transposed weight, which reaches the backend as ``aten.mm`` instead of
         ``aten.convolution``. Asked once per such convolution when the graph compiles; a
         frozen convolution is asked after :meth:`frozen_convolution` and
         :meth:`frozen_linear` declined it. The default declines (SDK 1.6.0)."""

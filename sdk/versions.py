@@ -236,7 +236,8 @@ HISTORY: tuple[Release, ...] = (
     Release("1.6.0", (
         Change("DeviceBackend.convolution_as_matmul(info): the core computes a 1x1 convolution "
                "of an inference or training forward graph over a channels-last input as aten.mm of the pixels by "
-               "the transposed weight where the backend says yes (default False)"),
+               "the transposed weight where the backend says yes (default False); "
+               "ConvolutionInfo.pointwise"),
     )),
 )
 

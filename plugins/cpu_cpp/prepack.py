@@ -81,8 +81,7 @@ def _large_pointwise(info: sdk.ConvolutionInfo) -> bool:
 def as_matmul(info: sdk.ConvolutionInfo) -> bool:
     """Whether a 1x1 convolution (unstrided, unpadded, one group) runs as a matrix product
     (``DeviceBackend.convolution_as_matmul``; see the module's notes)."""
-    return (info.dtype == torch.float32 and not info.transposed and info.groups == 1
-            and info.kernel_size == (1, 1) and info.stride == (1, 1) and info.padding == (0, 0))
+    return info.dtype == torch.float32 and info.pointwise
 
 
 def frozen_convolution(info: sdk.ConvolutionInfo, weight: torch.Tensor,
