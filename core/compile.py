@@ -186,8 +186,10 @@ def _packer(reg: Any, method: str, device: torch.device,
 
 #: The SDK release that introduced ``DeviceBackend.convolution_as_matmul``.
 MATMUL_API = (1, 6, 0)
+#: The release from which it is asked about backward graphs' ``convolution_backward`` too.
+MATMUL_BACKWARD_API = (1, 7, 0)
 #: The graphs whose 1x1 convolutions may become matrix products (:mod:`coil.conv_matmul`).
-MATMUL_KINDS = ("inference", "forward")
+MATMUL_KINDS = ("inference", "forward", "backward")
 
 
 def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Config,
@@ -230,7 +232,9 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         frozen_note = done.note
         split_conv_bias(gm)  # the biases batch norms folded into, of convolutions left to the core
     if kind in MATMUL_KINDS:
-        matmul_convolutions(gm, lambda device: _packer(reg, "convolution_as_matmul", device, MATMUL_API))
+        matmul_convolutions(gm, lambda device: _packer(reg, "convolution_as_matmul", device, MATMUL_API),
+                            backward=(lambda device: _packer(reg, "convolution_as_matmul", device,
+                                                             MATMUL_BACKWARD_API)) if kind == "backward" else None)
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,

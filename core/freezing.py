@@ -173,8 +173,8 @@ def _freeze(gm: torch.fx.GraphModule, values: dict[int, torch.Tensor],
     graph.lint()
     gm.recompile()
     note = (f"freezing: {len(baked)} of {len(values)} parameters held as constants (checked on each "
-            f"call), {folded} op(s) on them run once, {batch_norms} batch norm(s) folded into "
-            f"convolutions, {packed} convolution(s) "
+            f"call), {folded} op(s) on them run once, {batch_norms} convolution(s) with the "
+            f"batch norm or bias after them folded in, {packed} convolution(s) "
             f"{f'({pointwise} of them 1x1, as linear layers) ' if pointwise else ''}and {linears} "
             f"linear layer(s) to the backend's packed calls")
     log.debug("%s", note)

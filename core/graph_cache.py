@@ -120,6 +120,8 @@ def _encode(value: Any, ops: dict[int, str]) -> tuple[str, Any]:
         return "tensor", _tensor_bytes(value)
     if _plain(value):
         return "value", value
+    if getattr(value, "coil_cacheable", False):  # a library call of the core's own (coil.conv_matmul)
+        return "pickled", pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     raise Uncacheable(f"a wrapper constant of type {type(value).__qualname__}")
 
 
@@ -172,6 +174,8 @@ def _decode(kind: str, data: Any) -> Any:
         return _tensor_from(*data)
     if kind == "value":
         return data
+    if kind == "pickled":
+        return pickle.loads(data)
     raise ValueError(f"unknown constant kind {kind!r}")
 
 

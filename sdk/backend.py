@@ -362,7 +362,11 @@ class DeviceBackend(Generic[ModuleT]):
         transposed weight, which reaches the backend as ``aten.mm`` instead of
         ``aten.convolution``. Asked once per such convolution when the graph compiles; a
         frozen convolution is asked after :meth:`frozen_convolution` and
-        :meth:`frozen_linear` declined it. The default declines (SDK 1.6.0)."""
+        :meth:`frozen_linear` declined it. From SDK 1.7.0 it is asked about a training backward
+        graph's ``convolution_backward`` of such a convolution too (``info`` describes the
+        forward convolution; the output gradient and the input channels-last): a yes computes
+        the input's and the weight's gradients as ``aten.mm`` over the pixels and the bias's
+        as a column sum. The default declines (SDK 1.6.0)."""
         return False
 
     def frozen_linear(self, rows: int, weight: torch.Tensor,

@@ -239,6 +239,14 @@ HISTORY: tuple[Release, ...] = (
                "the transposed weight where the backend says yes (default False); "
                "ConvolutionInfo.pointwise"),
     )),
+    Release("1.7.0", (
+        Change("DeviceBackend.convolution_as_matmul(info) is asked about a training backward "
+               "graph's convolution_backward of a 1x1 convolution too (its output gradient and "
+               "input channels-last; info describes the forward convolution): a yes computes "
+               "the input's and the weight's gradients as aten.mm over the pixels and the "
+               "bias's as a column sum; plugins declaring an earlier version are asked about "
+               "inference and forward graphs only"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -1,6 +1,7 @@
-"""1x1 convolutions of inference graphs as matrix products (:mod:`coil.conv_matmul`,
+"""1x1 convolutions as matrix products (:mod:`coil.conv_matmul`,
 ``DeviceBackend.convolution_as_matmul``): the C++ plugin asks for it for float32 1x1
-convolutions over channels-last inputs. Every test compares against eager."""
+convolutions over channels-last inputs, in inference, training forward and (SDK 1.7.0)
+training backward graphs. Every test compares against eager."""
 from __future__ import annotations
 
 import pytest
@@ -9,6 +10,7 @@ from torch import nn
 
 import coil
 from coil import config
+from coil.report import recording
 from helpers import torch_threads
 
 
@@ -69,23 +71,52 @@ def test_a_backend_that_declines_keeps_its_convolutions(monkeypatch: pytest.Monk
     torch.testing.assert_close(out, block(x), atol=1e-5, rtol=1e-5)
 
 
-def test_training_forward_graphs_use_products_and_gradients_match_eager() -> None:
-    """The forward's 1x1 convolutions are products; the backward keeps its
-    ``convolution_backward``, and every gradient is eager's."""
-    block, ref = _block().train(), _block().train()
+def _train_and_compare(bias: bool, input_grad: bool) -> list:
+    """One backward through Coil and through eager; every gradient compared; the reports."""
+    block, ref = _block(bias).train(), _block(bias).train()
     x = torch.randn(2, 16, 8, 8)
-    report = coil.explain(block, x.clone().requires_grad_())
-    forward = [g for g in report.graphs if g.kind == "forward"]
-    assert forward and sum(g.library_ops.count("coil.pointwise_convolution") for g in forward) == 2, \
-        [g.library_ops for g in report.graphs]
     torch._dynamo.reset()
     compiled = torch.compile(block, backend="coil")
-    xs = x.clone().requires_grad_(), x.clone().requires_grad_()
-    compiled(xs[0]).square().sum().backward()
+    xs = x.clone().requires_grad_(input_grad), x.clone().requires_grad_(input_grad)
+    with recording() as report:
+        compiled(xs[0]).square().sum().backward()
     ref(xs[1]).square().sum().backward()
-    torch.testing.assert_close(xs[0].grad, xs[1].grad, atol=1e-4, rtol=1e-4)
+    if input_grad:
+        torch.testing.assert_close(xs[0].grad, xs[1].grad, atol=1e-4, rtol=1e-4)
     for (name, p), q in zip(block.named_parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, atol=1e-4, rtol=1e-4, msg=name)
+        assert p.grad.stride() == q.grad.stride(), name
+    return report.graphs
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bias,input_grad", [(False, True), (True, True), (True, False)])
+def test_training_graphs_use_products_and_gradients_match_eager(bias: bool, input_grad: bool,
+                                                                threads: int) -> None:
+    """The forward's two 1x1 convolutions are products, and so is their backward (SDK
+    1.7.0): the input's, the weight's and the bias's gradients, each asked for or not; the
+    strided, the grouped and the depthwise one keep ``convolution_backward``. Every gradient is eager's,
+    in eager's strides."""
+    with torch_threads(threads), config.override(graph_cache=False):
+        graphs = _train_and_compare(bias, input_grad)
+    forward = [g for g in graphs if g.kind == "forward"]
+    backward = [g for g in graphs if g.kind == "backward"]
+    assert forward and sum(g.library_ops.count("coil.pointwise_convolution") for g in forward) == 2, \
+        [g.library_ops for g in graphs]
+    assert backward and sum(g.library_ops.count("coil.pointwise_convolution_backward") for g in backward) == 2, \
+        [g.library_ops for g in graphs]
+    assert sum(op.startswith("aten.convolution_backward") for g in backward for op in g.library_ops) == 3, \
+        [g.library_ops for g in graphs]
+
+
+def test_backends_of_sdk_1_6_are_not_asked_about_backward_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import coil.compile as coil_compile
+    monkeypatch.setattr(coil_compile, "MATMUL_BACKWARD_API", (99, 0, 0))
+    with config.override(graph_cache=False):
+        graphs = _train_and_compare(bias=True, input_grad=True)
+    backward = [g for g in graphs if g.kind == "backward"]
+    assert not any("coil.pointwise_convolution_backward" in g.library_ops for g in backward)
+    assert sum(g.library_ops.count("coil.pointwise_convolution") for g in graphs if g.kind == "forward") == 2
 
 
 def test_frozen_pointwise_convolutions_go_to_mkl_or_mm() -> None:

@@ -53,7 +53,7 @@ def test_frozen_conv_net_matches_eager_and_packs_convolutions(bias: bool) -> Non
     # batch norms folded into the weights: no kernel divides by a square root of a variance
     assert "sqrt" not in sources, sources
     note = report.graphs[0].frozen
-    assert "3 batch norm(s) folded" in note and "2 convolution(s) and 0 linear layer(s)" in note, note
+    assert "3 convolution(s) with the batch norm or bias after them folded in" in note and "2 convolution(s) and 0 linear layer(s)" in note, note
     assert "freezing:" in str(report)
 
 

@@ -230,6 +230,37 @@ def test_self_check_and_the_knob_off_store_nothing(cache):
     assert not _cached(_f, x, check=True)  # an entry exists, but self-check compiles
 
 
+def test_graphs_with_the_cores_own_library_calls_hit(cache):
+    """1x1 convolutions as products (coil.conv_matmul) are library calls of the core's own,
+    kept in the wrapper's namespace: inference, training forward and backward graphs holding
+    them are stored and hit, and the hits compute eager's values and gradients."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1, groups=8), torch.nn.Conv2d(8, 16, 1),
+                              torch.nn.ReLU())
+    x = torch.randn(2, 8, 6, 6)
+
+    def step(m, x):
+        loss = m(x).square().sum()
+        loss.backward()
+        return loss
+
+    with torch.no_grad():
+        assert not _cached(net, x)
+        assert _cached(net, x)
+    for expect_hit in (False, True):
+        net.zero_grad()
+        _, reports = _compile(step, net, x)
+        grads = [p.grad.clone() for p in net.parameters()]
+        net.zero_grad()
+        step(net, x)
+        for got, want in zip(grads, (p.grad for p in net.parameters())):
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+        assert {r.kind for r in reports} == {"forward", "backward"}
+        assert all(r.cached == expect_hit for r in reports), [(r.kind, r.cached) for r in reports]
+        ops = [op for r in reports for op in r.library_ops]
+        assert "coil.pointwise_convolution" in ops and "coil.pointwise_convolution_backward" in ops, ops
+
+
 def _entries(cache: Path) -> list[Path]:
     return sorted(cache.glob(f"{graph_cache.NAMESPACE}/*/*{graph_cache.SUFFIX}"))
 
