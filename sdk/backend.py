@@ -79,7 +79,8 @@ class Capabilities:
     #: Whether the core generates 2-D depthwise convolutions (``groups`` equal to the input's
     #: channels, at most 25 window taps) as kernels for the device, the ops around them fused
     #: in, instead of calling the library (SDK 1.4.0): for a device whose library pays more
-    #: per call than such a window costs. Default False.
+    #: per call than such a window costs; for a plugin declaring SDK 1.7.0 or later, their
+    #: backward too (one channel per group, no dilation). Default False.
     depthwise_conv: bool = False
     #: Whether the op table spells the catalogue's counter-based ``rand`` and ``randn``
     #: (Philox4x32-10, :mod:`coil.sdk.ops`); only then does the core generate random ops (rand,

@@ -246,6 +246,10 @@ HISTORY: tuple[Release, ...] = (
                "the input's and the weight's gradients as aten.mm over the pixels and the "
                "bias's as a column sum; plugins declaring an earlier version are asked about "
                "inference and forward graphs only"),
+        Change("Capabilities.depthwise_conv covers the backward of a depthwise convolution "
+               "(one channel per group, no dilation) too: its convolution_backward is generated "
+               "as kernels (a gather for the input's gradient, a reduction for the weight's) "
+               "for plugins declaring 1.7.0 or later"),
     )),
 )
 

@@ -2,8 +2,9 @@
 backend that declares ``Capabilities.depthwise_conv``: the C++ plugin), against eager: window
 shapes, strides, padding, dilation, channel multipliers, NCHW and channels-last inputs, float32,
 float64 and bfloat16, a bias the graph keeps, the batch norm and activation fused after, and
-gradients through a training step. Each case also checks that the convolution did not reach
-ATen, so a lowering that declined (and left the library to give the right answer) fails."""
+gradients through a training step, the backward's ``convolution_backward`` generated too.
+Each case also checks that the convolution did not reach ATen, so a lowering that declined
+(and left the library to give the right answer) fails."""
 from __future__ import annotations
 
 import pytest
@@ -73,8 +74,9 @@ def test_other_dtypes_match_eager(dtype):
 
 
 def test_a_training_step_matches_eager():
-    """Forward generated, backward ATen's convolution_backward: loss, every gradient and the
-    batch norm's running statistics as eager's."""
+    """A channel multiplier of 2: forward generated, backward ATen's convolution_backward
+    (its lowering takes one channel per group only): loss, every gradient and the batch
+    norm's running statistics as eager's."""
     net = _block(8, 3, 1, 1, 1, 2, bias=True).train()
     ref = _block(8, 3, 1, 1, 1, 2, bias=True).train()
     ref.load_state_dict(net.state_dict())
@@ -91,6 +93,68 @@ def test_a_training_step_matches_eager():
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
     for (name, a), b in zip(net.named_buffers(), ref.buffers()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+def _backward_library_convolutions(net: torch.nn.Module, x: torch.Tensor) -> int:
+    """One backward through the compiled net: its backward graphs' ``convolution_backward``
+    library calls."""
+    from coil.report import recording
+    torch._dynamo.reset()
+    with config.override(graph_cache=False), recording() as report:
+        fn = torch.compile(net, backend="coil")
+        fn(x).square().sum().backward()
+    return sum(op.startswith("aten.convolution_backward") for g in report.graphs if g.kind == "backward"
+               for op in g.library_ops)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+@pytest.mark.parametrize("input_grad", [True, False])
+def test_gradients_match_eager(case, layout, input_grad):
+    """Every gradient (input, weight, bias) of a depthwise convolution before an activation,
+    as eager's (within 1e-4 of the largest), the input's asked for or not; with one channel per group and no dilation
+    the backward is generated (no ``convolution_backward`` call), else the library's."""
+    c, k, s, p, d, mult, n, hw = case
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(c, c * mult, k, s, p, d, groups=c), torch.nn.Hardswish())
+    ref = torch.nn.Sequential(torch.nn.Conv2d(c, c * mult, k, s, p, d, groups=c), torch.nn.Hardswish())
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(n, c, hw, hw)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    xs = x.clone().requires_grad_(input_grad), x.clone().requires_grad_(input_grad)
+    library = _backward_library_convolutions(net, xs[0])
+    ref(xs[1]).square().sum().backward()
+    generated = mult == 1 and d == 1
+    assert library == (0 if generated else 1), library
+    pairs = [("input", xs[0].grad, xs[1].grad)] if input_grad else []
+    pairs += [(name, a.grad, b.grad) for (name, a), b in zip(net.named_parameters(), ref.parameters())]
+    for name, got, want in pairs:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item(),
+                                   msg=lambda m: f"{name}: {m}")
+        assert got.stride() == want.stride(), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_gradients_in_other_dtypes_match_eager(dtype):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(12, 12, 5, 2, 2, groups=12).to(dtype)
+    ref = torch.nn.Conv2d(12, 12, 5, 2, 2, groups=12).to(dtype)
+    ref.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 12, 10, 10, dtype=dtype)
+    xs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    assert _backward_library_convolutions(conv, xs[0]) == 0
+    ref(xs[1]).square().sum().backward()
+    tol = {torch.float64: 1e-10, torch.bfloat16: 5e-2}[dtype]
+    for a, b in [(xs[0].grad, xs[1].grad), (conv.weight.grad, ref.weight.grad), (conv.bias.grad, ref.bias.grad)]:
+        torch.testing.assert_close(a.float(), b.float(), rtol=tol, atol=tol * max(1.0, b.abs().max().item()))
+
+
+def test_plugins_of_earlier_sdks_keep_the_librarys_backward(monkeypatch):
+    import coil.lowering.depthwise as depthwise
+    monkeypatch.setattr(depthwise, "BACKWARD_API", (99, 0, 0))
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    assert _backward_library_convolutions(conv, torch.randn(2, 8, 6, 6, requires_grad=True)) == 1
 
 
 def test_other_convolutions_stay_library_calls():

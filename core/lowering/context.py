@@ -12,6 +12,7 @@ from .. import ir, plugins
 from ..config import Config
 from ..errors import LoweringError
 from ..ir import Expr, Layout
+from ..sdk.versions import parse as parse_version
 from .values import Lazy, Realized, TensorValue, to_sympy
 
 if TYPE_CHECKING:
@@ -167,3 +168,13 @@ def require_capability(device: torch.device, feature: str, op: str) -> None:
     backend = plugins.registry().backends.get(device.type)
     if backend is not None and not getattr(backend.capabilities, feature, True):
         raise LoweringError(op, f"the {device.type} backend declares {feature}=False")
+
+
+def require_api(device: torch.device, version: tuple[int, int, int], op: str) -> None:
+    """Raise ``LoweringError`` when the plugin serving ``device`` declares an SDK version
+    before ``version``: it was written before the core generated this op for it."""
+    reg = plugins.registry()
+    declared = reg.api_version(device.type) if device.type in reg.backends else None
+    if declared is not None and parse_version(declared) < version:
+        raise LoweringError(op, f"the {device.type} plugin declares SDK {declared} (this needs "
+                                f"{'.'.join(map(str, version))})")
