@@ -147,6 +147,16 @@ def saved_output_positions(gm: torch.fx.GraphModule) -> frozenset[int]:
         return frozenset()
 
 
+def static_output_strides(gm: torch.fx.GraphModule) -> list[tuple[int, ...] | None] | None:
+    """:func:`output_strides`, or None where any output's strides are symbolic (reading one
+    as an int would add a guard)."""
+    output = _output(gm.graph)
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in _flat(output.args[0])]
+    if any(isinstance(v, torch.Tensor) and not all(isinstance(s, int) for s in v.stride()) for v in vals):
+        return None
+    return output_strides(gm)
+
+
 def output_strides(gm: torch.fx.GraphModule) -> list[tuple[int, ...] | None]:
     """Each output's strides as the graph's metadata holds them (None: not a tensor)."""
     output = _output(gm.graph)
