@@ -23,7 +23,7 @@ from .hoist import hoist_row_invariants
 from .masked_rows import MaskedRows
 from .tables import table_scope
 from .tiling import TILE, transpose_tiles
-from .optable import CTYPES, OPS, literal
+from .optable import BUFFER_CTYPES, CTYPES, OPS, literal
 
 
 class KernelWriter(ValueVisitor[ValueScope[str], str]):
@@ -82,7 +82,8 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             self.w.line(f"auto {b} = reinterpret_cast<{self.ctype(b)}*>({b}_addr);")
 
     def ctype(self, buf: str) -> str:
-        return CTYPES[self.k.dtypes[buf]]  # type: ignore[index]
+        """The C++ type a buffer is addressed as (:data:`~.optable.BUFFER_CTYPES`)."""
+        return BUFFER_CTYPES[self.k.dtypes[buf]]  # type: ignore[index]
 
     def idx(self, e: sympy.Expr) -> str:
         """An index expression in C++, in terms of the loop variables of the nest."""

@@ -28,7 +28,7 @@ from coil.sdk import Cast, Const, IndexValue, Load, Masked, Op, Value, walk
 from coil.sdk.codegen import ValueScope
 
 from .hoist import invariance, unmasked
-from .optable import CTYPES, literal
+from .optable import BUFFER_CTYPES, CTYPES, literal
 
 if TYPE_CHECKING:
     from .codegen import KernelWriter
@@ -117,7 +117,7 @@ class MaskedRows:
             return
         n = int(self.length)
         for (dtype, fill_value), name in self.fills.items():
-            self.kw.w.line(f"alignas(64) {CTYPES[dtype]} {name}[{n}];")
+            self.kw.w.line(f"alignas(64) {BUFFER_CTYPES[dtype]} {name}[{n}];")
             self.kw.w.line(f"std::fill_n({name}, {n}, {fill_value});")
 
     def bind(self, row: ValueScope[str]) -> None:
@@ -132,7 +132,7 @@ class MaskedRows:
                     continue
                 base = sympy.sympify(load.index).subs(self.var, 0)
                 name = f"p{len(self.pointers)}"
-                self.kw.w.line(f"const {CTYPES[load.dtype]}* {name} = {mask} ? "
+                self.kw.w.line(f"const {BUFFER_CTYPES[load.dtype]}* {name} = {mask} ? "
                                f"{load.buffer} + {self.kw.idx(base)} : {fill};")
                 self.pointers[mask, load] = name
 

@@ -12,6 +12,13 @@ CTYPES: dict[torch.dtype, str] = {
     torch.int32: "int32_t", torch.int64: "int64_t", torch.uint8: "uint8_t", torch.bool: "bool",
 }
 
+#: How a buffer of each dtype is addressed: bool buffers as bytes. A value loaded through a
+#: ``const bool*`` left GCC 12's loop scalar, with a branch per element where a ``where``
+#: selected on it (a ReLU6's backward over 2x32x32x32 floats: 0.29 ms of a training step,
+#: its mask random, one thread); loaded as ``uint8_t`` (and converted to bool, which is the
+#: test against 0) the loop is vectorised: 37 -> 6.6 us in a harness.
+BUFFER_CTYPES: dict[torch.dtype, str] = {**CTYPES, torch.bool: "uint8_t"}
+
 #: Storage-only types: values are converted to float before any arithmetic or comparison.
 HALF_TYPES = frozenset({"coil::bf16", "coil::fp16"})
 
