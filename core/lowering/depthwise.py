@@ -127,11 +127,10 @@ def _convolution_backward(ctx: LoweringContext, grad: TensorValue, x: TensorValu
     """A depthwise convolution's gradients (one output channel per input channel), where a
     library's are slowest of all: ATen's CPU backward runs one small convolution per channel
     (a 2x288x2x2 5x5 window took 1.0 ms per call, one thread; MobileNetV3's twelve took 5.2 ms
-    of a 10 ms training step). The input's gradient gathers, for each input element, the
-    output windows that hold it (pooling's ``covering``) times the weight tap each reads it
-    through; the weight's is one reduction over batch and output positions per (channel,
-    tap); the bias's the gradient's sum per channel. Any other convolution raises
-    ``LoweringError`` and stays the library's."""
+    of a 10 ms training step). The input's gradient sums, over the weight's taps, the
+    gradient of the output window that reads the element through each; the weight's is one
+    reduction over batch and output positions per (tap, channel); the bias's the gradient's
+    sum per channel. Any other convolution raises ``LoweringError`` and stays the library's."""
     meta = ctx.out_meta
     if not isinstance(meta, (tuple, list)) or len(meta) != 3 or not isinstance(output_mask, (list, tuple)):
         raise LoweringError(ctx.origin, "not three results")
@@ -168,8 +167,10 @@ def _input_grad(ctx: LoweringContext, grad: TensorValue, weight: TensorValue, x:
     gradient of the output window that reads the element through that tap, where there is
     one, times the tap. Each tap is a constant and each mask depends on the element's
     position alone, so a backend reads the taps from a table and the gradient through row
-    pointers (the C++ plugin: a 2x96x32x32 stride-2 window took 0.24 ms written as the
-    windows covering each element, whose tap varies with its position, and ... as taps)."""
+    pointers (the C++ plugin, one thread: a 2x96x32x32 stride-2 window took 0.24 ms written
+    as the windows covering each element, whose tap varies with its position, and 0.10 ms
+    as taps; a 2x32x32x32 stride-1 one 0.19 ms with the mask around the product, 0.05 with
+    the mask around the load)."""
     zero = sympy.Integer(0)
 
     def fn(idx: list[Expr]) -> ir.Value:
