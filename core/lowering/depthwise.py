@@ -29,7 +29,7 @@ from ..ir import Expr
 from ..symbolic import FloorDiv, ModIdx
 from .context import LoweringContext, layout_from_meta, require_api, require_capability
 from .pointwise import compute_dtype
-from .pooling import FLOAT_DTYPES, MAX_TAPS, Axis, _cmp, _negative, axes, masked, window_source
+from .pooling import FLOAT_DTYPES, MAX_TAPS, Axis, axes, cmp_index, is_negative, masked, window_source
 from .reductions import reduce
 from .registry import lowering
 from .values import TensorValue, cast, lazy
@@ -200,11 +200,11 @@ def _reader(axis: Axis, h: Expr, i: int) -> tuple[Expr, list[ir.Value]]:
     o = FloorDiv(numerator, axis.stride) - shift // axis.stride if axis.stride > 1 else h + axis.pad - i
     conds = []
     if axis.stride > 1:
-        conds.append(_cmp("eq", ModIdx(numerator, axis.stride), 0))
+        conds.append(cmp_index("eq", ModIdx(numerator, axis.stride), 0))
     if i > axis.pad:  # h + pad - i < 0 for the first positions
-        conds.append(_cmp("ge", o, 0))
-    if not _negative((axis.size - 1 + axis.pad - i) // 1 - axis.stride * axis.out):
-        conds.append(_cmp("lt", o, axis.out))
+        conds.append(cmp_index("ge", o, 0))
+    if not is_negative((axis.size - 1 + axis.pad - i) // 1 - axis.stride * axis.out):
+        conds.append(cmp_index("lt", o, axis.out))
     return o, conds
 
 
@@ -235,7 +235,7 @@ def _inside(position: Expr, axis: Axis) -> list[ir.Value]:
     variable) to lie in the input, without one that holds for every window and tap."""
     conds = []
     if axis.pad > 0:
-        conds.append(_cmp("ge", position, 0))
-    if not _negative((axis.out - 1) * axis.stride - axis.pad + axis.kernel - 1 - axis.size):
-        conds.append(_cmp("lt", position, axis.size))
+        conds.append(cmp_index("ge", position, 0))
+    if not is_negative((axis.out - 1) * axis.stride - axis.pad + axis.kernel - 1 - axis.size):
+        conds.append(cmp_index("lt", position, axis.size))
     return conds

@@ -69,9 +69,9 @@ class Axis:
         those that hold for every window."""
         conds = []
         if i * self.dilation < self.pad:
-            conds.append(_cmp("ge", self.tap(o, i), 0))
-        if not _negative(self.tap(self.out - 1, i) - self.size):
-            conds.append(_cmp("lt", self.tap(o, i), self.size))
+            conds.append(cmp_index("ge", self.tap(o, i), 0))
+        if not is_negative(self.tap(self.out - 1, i) - self.size):
+            conds.append(cmp_index("lt", self.tap(o, i), self.size))
         return conds
 
     def first(self, o: Expr) -> ir.Value:
@@ -107,16 +107,17 @@ class Axis:
         for t in reversed(range(span // self.stride + 1)):
             conds = []
             if t > 0:
-                conds.append(_cmp("ge", top - t, 0))
-            if not _negative(last_top - t - self.out):
-                conds.append(_cmp("lt", top - t, self.out))
+                conds.append(cmp_index("ge", top - t, 0))
+            if not is_negative(last_top - t - self.out):
+                conds.append(cmp_index("lt", top - t, self.out))
             if exact and self.stride - 1 + t * self.stride > span:  # h past the window's end?
-                conds.append(_cmp("le", ModIdx(h + self.pad, self.stride) + t * self.stride, span))
+                conds.append(cmp_index("le", ModIdx(h + self.pad, self.stride) + t * self.stride, span))
             windows.append((top - t, conds))
         return windows
 
 
-def _negative(e: Expr) -> bool:
+def is_negative(e: Expr) -> bool:
+    """Whether ``e`` is provably negative (a number below 0, or negative by its symbols' assumptions)."""
     e = sympy.expand(e)
     return bool(e.is_number and e < 0) or e.is_negative is True
 
@@ -210,7 +211,8 @@ def _index(e: Expr | int) -> ir.Value:
     return ir.IndexValue(torch.int64, expr=sympy.sympify(e))
 
 
-def _cmp(name: str, a: Expr | int, b: Expr | int) -> ir.Value:
+def cmp_index(name: str, a: Expr | int, b: Expr | int) -> ir.Value:
+    """The int64 comparison ``name`` (``lt``, ``ge``, ``eq``...) of two index expressions."""
     return ir.Op(torch.bool, name=name, args=(_index(a), _index(b)))
 
 
@@ -408,7 +410,7 @@ def _avg_divisor(ah: Axis, aw: Axis, oh: Expr, ow: Expr, count_include_pad: bool
     def extent(a: Axis, o: Expr) -> ir.Value:
         start = _index(a.tap(o, 0))
         limit = a.size + a.pad if count_include_pad else a.size
-        if _negative(a.tap(a.out - 1, 0) + a.kernel - limit - 1):  # no window is clipped
+        if is_negative(a.tap(a.out - 1, 0) + a.kernel - limit - 1):  # no window is clipped
             end = _index(a.tap(o, 0) + a.kernel)
         else:
             end = _int_op("minimum", _index(a.tap(o, 0) + a.kernel), _index(limit))
@@ -507,7 +509,7 @@ class AdaptiveAxis:
     def taps(self, o: Expr) -> list[tuple[Expr, list[ir.Value]]]:
         """Window ``o``'s positions, each with the condition that the window reaches it."""
         shortest = min(self.extents)
-        return [(self.start(o) + i, [] if i < shortest else [_cmp("lt", self.start(o) + i, self.end(o))])
+        return [(self.start(o) + i, [] if i < shortest else [cmp_index("lt", self.start(o) + i, self.end(o))])
                 for i in range(max(self.extents))]
 
     def count(self, o: Expr) -> Expr:
@@ -520,7 +522,7 @@ class AdaptiveAxis:
         windows = []
         for t in range(self.most_covering):
             o = first + t
-            conds = [] if t == 0 else [_cmp("lt", o, self.out), _cmp("le", self.start(o), h)]
+            conds = [] if t == 0 else [cmp_index("lt", o, self.out), cmp_index("le", self.start(o), h)]
             windows.append((o, conds))
         return windows
 
