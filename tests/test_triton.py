@@ -433,17 +433,23 @@ def test_misaligned_half_precision_matmuls_are_padded(backend, monkeypatch):
     assert "(40,)" in source and "(8, 24)" in source, source
 
 
-def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
-    """The backward of a vocabulary projection: the weight's gradient multiplies the logits'
-    gradient transposed (column-major, M = 37 rows), the input's gradient reads it as is
-    (K = 37). Both read one padding of it, 40 wide, and the gradients match eager's."""
+def _vocabulary_projection(monkeypatch):
+    """A 16x24 input, a 37x24 weight (37 columns: padded to 40 in bf16), labels; every matmul
+    padded however small (``MIN_FLOPS`` 1)."""
     from coil import pad_gemm
-    from coil.report import recording
     monkeypatch.setattr(pad_gemm, "MIN_FLOPS", 1)
     torch.manual_seed(0)
     w = torch.randn(37, 24, dtype=torch.bfloat16, requires_grad=True)
     h = torch.randn(16, 24, dtype=torch.bfloat16, requires_grad=True)
-    labels = torch.arange(16) % 37
+    return h, w, torch.arange(16) % 37
+
+
+def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
+    """The backward of a vocabulary projection: the weight's gradient multiplies the logits'
+    gradient transposed (column-major, M = 37 rows), the input's gradient reads it as is
+    (K = 37). Both read one padding of it, 40 wide, and the gradients match eager's."""
+    from coil.report import recording
+    h, w, labels = _vocabulary_projection(monkeypatch)
 
     def f(h, w):
         return F.cross_entropy((h @ w.t()).float(), labels)
@@ -465,13 +471,8 @@ def test_a_padded_product_saved_for_the_backward_keeps_its_strides(backend, monk
     saves for the backward: their padded strides are reported to AOTAutograd, so the backward
     reads the saved view in place instead of copying it into the metadata's strides (BERT's
     logits: 0.62 ms a step on an H100); gradients and outputs as eager's."""
-    from coil import pad_gemm
     from coil.report import recording
-    monkeypatch.setattr(pad_gemm, "MIN_FLOPS", 1)
-    torch.manual_seed(0)
-    w = torch.randn(37, 24, dtype=torch.bfloat16, requires_grad=True)
-    h = torch.randn(16, 24, dtype=torch.bfloat16, requires_grad=True)
-    labels = torch.arange(16) % 37
+    h, w, labels = _vocabulary_projection(monkeypatch)
 
     def f(h, w):
         logits = h @ w.t()
