@@ -244,14 +244,11 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     except LoweringError as exc:
         report_output_strides(strides)  # the graph as rewritten runs in eager: its layouts
         return _eager_graph(gm, kind, exc)
-    if strides is None and traced_strides is not None and report_strides_possible():
-        returned = _returned_strides(lowered)
-        if returned is not None and _saved_layouts_changed(gm, traced_strides, returned):
+    if strides is not None or (traced_strides is not None and report_strides_possible()):
+        returned = _returned_strides(lowered)  # what the compiled graph returns (its outputs' layouts)
+        if strides is not None or (returned is not None and _saved_layouts_changed(gm, traced_strides, returned)):
             strides = returned
-    if strides is not None:  # what the compiled graph returns (its outputs' layouts)
-        strides = [tuple(int(x) for x in o.layout.stride) if o.layout is not None else None
-                   for o in lowered.outputs]
-        report_output_strides(strides)
+            report_output_strides(strides)
     collectives.mark(lowered)
     t1 = time.perf_counter()
     stages["lower"] = t1 - t0

@@ -185,6 +185,16 @@ def _weight_stride(node: torch.fx.Node) -> tuple[int, ...] | None:
     return stride if ok else None
 
 
+def _replace(graph: torch.fx.Graph, node: torch.fx.Node, target: object, args: tuple) -> None:
+    """``node`` replaced by a call of ``target`` on ``args``, with its metadata (the same
+    results)."""
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args)  # type: ignore[arg-type]
+    new.meta.update(node.meta)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+
+
 def matmul_convolutions(gm: torch.fx.GraphModule, ask: Asker, *, backward: Asker | None = None) -> int:
     """Rewrite the bias-free 1x1 convolutions over channels-last inputs whose backend asks
     for it as matrix products, and with ``backward`` (the asker of backends that answer for
@@ -196,26 +206,16 @@ def matmul_convolutions(gm: torch.fx.GraphModule, ask: Asker, *, backward: Asker
             wants = backward(conv.args[1].meta["val"].device)
             if info.pointwise and wants is not None and wants(info):
                 mask = tuple(bool(m) for m in conv.args[10])
-                with graph.inserting_before(conv):
-                    new = graph.call_function(PointwiseMatmulBackward(mask, _weight_stride(conv)),
-                                              tuple(conv.args[:3]))
-                new.meta.update(conv.meta)
-                conv.replace_all_uses_with(new)
-                graph.erase_node(conv)
+                _replace(graph, conv, PointwiseMatmulBackward(mask, _weight_stride(conv)), tuple(conv.args[:3]))
                 count += 1
             continue
         if not _candidate(conv):
             continue
         info = describe(conv)
         wants = ask(conv.meta["val"].device)
-        if not info.pointwise or wants is None or not wants(info):
-            continue
-        with graph.inserting_before(conv):
-            new = graph.call_function(PointwiseMatmul(), (conv.args[0], conv.args[1]))
-        new.meta.update(conv.meta)
-        conv.replace_all_uses_with(new)
-        graph.erase_node(conv)
-        count += 1
+        if info.pointwise and wants is not None and wants(info):
+            _replace(graph, conv, PointwiseMatmul(), (conv.args[0], conv.args[1]))
+            count += 1
     if count:
         graph.lint()
         gm.recompile()
