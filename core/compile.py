@@ -31,7 +31,7 @@ from .inplace import InplacePolicy
 from .memory import plan_memory, with_inplace
 from .conv_bias import split_conv_bias
 from .conv_layout import (Chooser, adopt_input_layouts, output_strides, saved_output_positions, static_output_strides,
-                          to_channels_last)
+                          to_channels_last, traced_outputs)
 from .conv_matmul import matmul_convolutions
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
@@ -209,6 +209,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         on_key(key.key)
     mutates = capture.mutates_inputs(gm)  # before passes rewrite gm
     traced_strides = static_output_strides(gm) if kind == "forward" else None  # as AOTAutograd traced them
+    eager_outputs = traced_outputs(gm)  # the outputs as traced: returned in these strides
     static = capture.static_input_indices()
     if collectives.in_graph(gm):  # recording runs a graph more than once: its collectives too
         config = collectives.without_capture(config)
@@ -240,7 +241,9 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,
-                                templates.offers(reg, config.templates)).run()
+                                templates.offers(reg, config.templates),
+                                eager_outputs=eager_outputs,
+                                free_outputs=saved_output_positions(gm) if kind == "forward" else frozenset()).run()
     except LoweringError as exc:
         report_output_strides(strides)  # the graph as rewritten runs in eager: its layouts
         return _eager_graph(gm, kind, exc)

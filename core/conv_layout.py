@@ -157,6 +157,11 @@ def static_output_strides(gm: torch.fx.GraphModule) -> list[tuple[int, ...] | No
     return output_strides(gm)
 
 
+def traced_outputs(gm: torch.fx.GraphModule) -> list[object]:
+    """Each output's value as the graph's metadata holds it (None: not a node)."""
+    return [a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in _flat(_output(gm.graph).args[0])]
+
+
 def output_strides(gm: torch.fx.GraphModule) -> list[tuple[int, ...] | None]:
     """Each output's strides as the graph's metadata holds them (None: not a tensor)."""
     output = _output(gm.graph)

@@ -17,7 +17,7 @@ from .config import Config
 from .errors import LoweringError
 from .ir import Expr, Layout
 from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
-from .lowering.context import FallbackRecord, layout_from_meta
+from .lowering.context import FallbackRecord, layout_from_meta, same_strides
 from .lowering.pointwise import SUPPORTED_DTYPES
 from .lowering.values import Lazy, cast, to_sympy
 from .ops import EXACT_OPS
@@ -175,8 +175,18 @@ class GraphLowering:
 
     def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  registry: LoweringRegistry, config: Config,
-                 templates: "dict[str, TemplateOffer] | None" = None) -> None:
+                 templates: "dict[str, TemplateOffer] | None" = None, *,
+                 eager_outputs: Sequence[Any] | None = None,
+                 free_outputs: frozenset[int] = frozenset()) -> None:
         self.gm = gm
+        #: The outputs' values as traced, before graph passes rewrote them (a padded
+        #: product's slice has the padded strides in its own metadata); by default, the
+        #: output nodes' metadata.
+        self.eager_outputs = list(eager_outputs) if eager_outputs is not None else None
+        #: Output positions that may keep the layout the lowering gives them (a training
+        #: forward's saved activations, whose strides are reported to AOTAutograd); every
+        #: other output is returned in eager's strides (:meth:`_output`).
+        self.free_outputs = free_outputs
         #: Device type -> the templates its backend takes (:mod:`coil.templates`).
         self.templates = templates or {}
         self.example_inputs = list(example_inputs)
@@ -202,9 +212,13 @@ class GraphLowering:
             elif node.op == "call_function":
                 self.env[node] = self._call(node)
             elif node.op == "output":
-                outputs = [self._output(self.env[n] if isinstance(n, torch.fx.Node) else n,
-                                        n.meta.get("val") if isinstance(n, torch.fx.Node) else None)
-                           for n in _flat_outputs(node.args[0])]
+                flat = _flat_outputs(node.args[0])
+                metas = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in flat]
+                eager = (self.eager_outputs if self.eager_outputs is not None
+                         and len(self.eager_outputs) == len(flat) else metas)
+                outputs = [self._output(self.env[n] if isinstance(n, torch.fx.Node) else n, meta,
+                                        eager=None if i in self.free_outputs else eager[i])
+                           for i, (n, meta) in enumerate(zip(flat, metas))]
             elif node.op == "get_attr":
                 self.env[node] = self._get_attr(node)
         return LoweredGraph(self.inputs, self.ctx.nodes, outputs, self.ctx.buffers,
@@ -447,7 +461,19 @@ class GraphLowering:
 
     # -- outputs
 
-    def _output(self, value: Any, meta: Any) -> GraphOutput:
+    def _output(self, value: Any, meta: Any, *, eager: Any = None) -> GraphOutput:
+        """A graph output (``meta``: its node's value). A lazy value is written in that
+        layout. A buffer already written (a library call's result, a view of one) is
+        returned as it is, unless its strides differ from the dense ones of ``eager`` (the
+        value as traced): a product padded to the GEMM alignment (:mod:`coil.pad_gemm`) is a
+        view of a wider buffer, and a user's ``logits.view(-1)`` would raise on it where
+        eager's would not. Then it is copied into eager's layout. Graph inputs are returned
+        as they are: AOTAutograd rebuilds an output that aliases an input from its strides."""
+        wanted = layout_from_meta(eager)
+        if isinstance(value, Realized) and wanted is not None and value.name not in self.input_names \
+                and tuple(value.layout.size) == tuple(wanted.size) and not same_strides(value.layout, wanted):
+            r = self.ctx.realize(Lazy(value.dtype, value.device, tuple(value.layout.size), value.load), wanted)
+            return GraphOutput(r.name, r.layout)
         if isinstance(value, TensorValue):
             r = self.ctx.realize(value, layout_from_meta(meta))
             return GraphOutput(r.name, r.layout)

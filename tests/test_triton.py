@@ -488,12 +488,31 @@ def test_a_padded_product_saved_for_the_backward_keeps_its_strides(backend, monk
     expected_loss.backward()
     torch.testing.assert_close(loss, expected_loss, atol=1e-2, rtol=1e-2)
     torch.testing.assert_close(logits, expected_logits, atol=1e-2, rtol=1e-2)
+    assert logits.stride() == expected_logits.stride()  # the user's copy in eager's strides
     for g, e in zip(got, (h.grad, w.grad)):
         torch.testing.assert_close(g, e, atol=1e-2, rtol=1e-2)
     forward, backward = report.graphs[0], report.graphs[-1]
     assert forward.output_strides is not None and (40, 1) in forward.output_strides, forward.output_strides
     assert "(37, 1)): arg" not in backward.wrapper_source and "(40, 1)" in backward.wrapper_source, \
         backward.wrapper_source
+
+
+def test_a_padded_product_returned_to_the_user_has_eager_strides(backend, monkeypatch):
+    """A padded product (37 wide, run 40 wide) that the graph returns is copied into eager's
+    strides, so ``view(-1)`` works on it as on eager's; a view of it too."""
+    h, w, _ = _vocabulary_projection(monkeypatch)
+
+    def f(h, w):
+        logits = h @ w.t()
+        return logits, logits.view(4, 4, 37), logits.t()
+
+    with torch.no_grad():
+        report = check(f, h, w, atol=1e-2, rtol=1e-2)
+        got = torch.compile(f, backend="coil")(h, w)
+    assert "(16, 40)" in report.graphs[0].wrapper_source  # padded
+    for g, e in zip(got, f(h, w)):
+        assert g.stride() == e.stride(), (g.stride(), e.stride())
+    assert got[0].view(-1).shape == (16 * 37,)
 
 
 def test_aligned_or_small_matmuls_are_not_padded(backend):
