@@ -213,7 +213,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     static = capture.static_input_indices()
     if collectives.in_graph(gm):  # recording runs a graph more than once: its collectives too
         config = collectives.without_capture(config)
-    if hit is not None and hit[1].output_strides is not None and not report_strides_possible():
+    if hit is not None and hit[1].output_strides is not None and not report_strides_possible(gm):
         hit = None  # its saved activations' layouts could not be reported: compile afresh
     if hit is not None:
         report_output_strides(hit[1].output_strides)
@@ -247,7 +247,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     except LoweringError as exc:
         report_output_strides(strides)  # the graph as rewritten runs in eager: its layouts
         return _eager_graph(gm, kind, exc)
-    if strides is not None or (traced_strides is not None and report_strides_possible()):
+    if strides is not None or (traced_strides is not None and report_strides_possible(gm)):
         returned = _returned_strides(lowered)  # what the compiled graph returns (its outputs' layouts)
         if strides is not None or (returned is not None and _saved_layouts_changed(gm, traced_strides, returned)):
             strides = returned
@@ -427,7 +427,7 @@ def _lay_out_convolutions(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         to_channels_last(gm, _channels_last_chooser(reg, training=False), frozen=frozen)
     elif kind == "forward" and training:
         saved = saved_output_positions(gm)  # nothing saved, or no way to report: eager's layouts
-        if (saved and report_strides_possible()
+        if (saved and report_strides_possible(gm)
                 and to_channels_last(gm, _channels_last_chooser(reg, training=True), saved)):
             return output_strides(gm)
     elif kind == "backward":
@@ -471,14 +471,32 @@ def _saved_layouts_changed(gm: torch.fx.GraphModule, traced: list[tuple[int, ...
     rows of 30528). Reported, the backward graph is compiled for those strides; unreported,
     it copied the saved tensor into the traced strides on every step (0.62 ms of BERT-base's
     training step on an H100)."""
-    return any(i < len(traced) and i < len(returned) and traced[i] is not None and returned[i] is not None
-               and traced[i] != returned[i] for i in saved_output_positions(gm))
+    values = traced_outputs(gm)
+
+    def differ(i: int) -> bool:
+        if i >= len(traced) or i >= len(returned) or traced[i] is None or returned[i] is None:
+            return False
+        sizes = values[i].shape if i < len(values) and isinstance(values[i], torch.Tensor) else None
+        if sizes is None or len(sizes) != len(traced[i]) or len(sizes) != len(returned[i]):
+            return traced[i] != returned[i]
+        # a dim of size 1 may have any stride (linalg.tensorinv's [12, 1, 2, 2, 3] view)
+        return any(n != 1 and a != b for n, a, b in zip(sizes, traced[i], returned[i]))  # type: ignore[arg-type]
+    return any(differ(i) for i in saved_output_positions(gm))
 
 
-def report_strides_possible() -> bool:
-    """Whether AOTAutograd is listening for the forward graph's output strides."""
+def report_strides_possible(gm: torch.fx.GraphModule) -> bool:
+    """Whether AOTAutograd is listening for the forward graph's output strides, and would
+    read them at the right positions: with effect tokens in the graph (``with_effects``, of
+    ``torch.linalg``'s error checks, say) torch 2.13 reads the saved activations' strides
+    shifted by the tokens, and restrided one with another's strides (a wrong rank there
+    failed ``linalg.tensorinv``'s backward compile)."""
     context = torch._guards.TracingContext.try_get()
-    return context is not None and context.output_strides is not None
+    if context is None or context.output_strides is None:
+        return False
+    return not any(n.op == "call_function" and n.target is _WITH_EFFECTS for n in gm.graph.nodes)
+
+
+_WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
 
 
 def report_output_strides(strides: list[tuple[int, ...] | None] | None) -> None:

@@ -69,3 +69,21 @@ def test_batchnorm_conv_training_step():
     _grads_match(model, step, x, atol=1e-4, rtol=1e-4)
     step(ref, x)
     torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+
+
+def test_a_forward_with_effect_tokens_and_a_saved_view_with_a_size_one_dim():
+    """``linalg.tensorinv``'s forward carries an effect token (its error check) and saves a
+    [12, 1, 2, 2, 3] view whose size-1 dim Coil strides otherwise than traced. Neither may
+    make the core report the forward's output strides: a size-1 dim's stride does not
+    matter, and with tokens torch reads the reported strides shifted (the backward compile
+    failed with 'mismatch in length of strides and shape')."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 2, 3, 12, 1, dtype=torch.float64, requires_grad=True)
+    f = lambda a: torch.linalg.tensorinv(a, ind=3)  # noqa: E731
+    out = torch.compile(f, backend="coil")(a)
+    (out * torch.arange(out.numel(), dtype=out.dtype).view(out.shape)).sum().backward()
+    got, a.grad = a.grad, None
+    expected = f(a)
+    (expected * torch.arange(expected.numel(), dtype=expected.dtype).view(expected.shape)).sum().backward()
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(got, a.grad)
