@@ -29,6 +29,13 @@ _UNINITIALISED = frozenset({aten.empty, aten.empty_like, aten.empty_strided, ate
                             aten.new_empty_strided})
 
 
+#: Ops whose result may outnumber their inputs without being a broadcast: each element is
+#: read from a table (Swin's relative-position bias, a [49, H] table gathered to [H, 16, 16]
+#: by a [16, 16] index, was gathered again in every attention's softmax kernel).
+_GATHERS = frozenset({aten.index, aten._unsafe_index, aten.index_select, aten.gather, aten.embedding,
+                      aten.take})
+
+
 def foldable(target: Any) -> bool:
     """Whether ``target`` may run at compile time: a pure, deterministic ATen or prims op."""
     if not isinstance(target, torch._ops.OpOverload) or target.namespace not in ("aten", "prims"):
@@ -106,7 +113,8 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
         if not isinstance(out, torch.Tensor):
             continue
         is_view = bool(getattr(node.target, "is_view", False))
-        if not is_view and out.numel() > sum(values[i].numel() for i in inputs):
+        if (not is_view and node.target.overloadpacket not in _GATHERS
+                and out.numel() > sum(values[i].numel() for i in inputs)):
             continue  # a broadcast: computed where it is read, not stored
         values[node] = out
         node.meta[ORIGIN] = frozenset().union(*(i.meta[ORIGIN] for i in inputs))

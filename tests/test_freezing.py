@@ -399,3 +399,33 @@ def test_a_failing_freezing_pass_compiles_the_graph_without_freezing(monkeypatch
     torch.testing.assert_close(out, net(x), atol=1e-5, rtol=1e-5)
     assert any("without freezing" in r.getMessage() for r in caplog.records), caplog.records
     assert not any(g.frozen for g in rep.graphs), [g.frozen for g in rep.graphs]
+
+
+class _RelativeBias(nn.Module):
+    """Swin's relative-position bias: a [49, heads] table gathered by a [16, 16] index buffer
+    into [heads, 16, 16] (more elements than the table and the index hold), added to scores."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.table = nn.Parameter(torch.randn(49, 2))
+        self.register_buffer("index", torch.randint(0, 49, (16, 16)), persistent=False)
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        bias = self.table[self.index.view(-1)].view(16, 16, -1).permute(2, 0, 1).contiguous()
+        return (scores + bias.unsqueeze(0)).softmax(-1)
+
+
+def test_a_gather_of_frozen_tables_is_computed_once() -> None:
+    """A gather of a frozen table by a frozen index is folded into a constant, although it
+    holds more elements than its inputs (the fold stores no broadcast, but a gather is
+    none): the kernel adds the stored bias instead of gathering it on every call."""
+    net = _RelativeBias().eval()
+    scores = torch.randn(4, 2, 16, 16)
+    with torch.no_grad(), recording() as rep:
+        got = torch.compile(net, backend="coil", options={"freezing": True})(scores)
+        expected = net(scores)
+    torch.testing.assert_close(got, expected)
+    (graph,) = rep.graphs
+    assert "2 of 2 parameters held as constants" in graph.frozen, graph.frozen
+    assert not any("index" in k.name for k in graph.kernels), [k.name for k in graph.kernels]
