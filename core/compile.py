@@ -33,6 +33,7 @@ from .conv_bias import split_conv_bias
 from .conv_layout import (Chooser, adopt_input_layouts, output_strides, saved_output_positions, static_output_strides,
                           to_channels_last, traced_outputs)
 from .conv_matmul import matmul_convolutions
+from .matmul_bias import split_matmul_bias
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
 from .scheduler import schedule
@@ -238,6 +239,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         matmul_convolutions(gm, lambda device: _packer(reg, "convolution_as_matmul", device, MATMUL_API),
                             backward=(lambda device: _packer(reg, "convolution_as_matmul", device,
                                                              MATMUL_BACKWARD_API)) if kind == "backward" else None)
+    split_matmul_bias(gm, lambda device: _capability(reg, device, "gemm_bias_epilogue", True))
     pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,

@@ -251,6 +251,11 @@ HISTORY: tuple[Release, ...] = (
                "as kernels (a gather for the input's gradient, a reduction for the weight's) "
                "for plugins declaring 1.7.0 or later"),
     )),
+    Release("1.8.0", (
+        Change("Capabilities.gemm_bias_epilogue (default True): False makes the core compute "
+               "addmm with a 1-D bias as aten.mm plus a pointwise add of the bias, which fuses "
+               "into the kernel that reads the product"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    # 1.7.0: their backward as matrix products too; 1.6.0: 1x1 convolutions as matrix
+    # 1.8.0: declares Capabilities.gemm_bias_epilogue False (ATen's CPU addmm copies the
+    # bias in a pass of its own); 1.7.0: their backward as matrix products too; 1.6.0: 1x1 convolutions as matrix
     # products (convolution_as_matmul);
     # 1.5.0: packs frozen convolutions' and linear layers' weights (frozen_convolution, frozen_linear); 1.4.0: declares Capabilities.depthwise_conv; 1.1.0: answers
     # DeviceBackend.prefers_channels_last from a graph's convolutions; written
@@ -23,7 +24,7 @@ def coil_api_version() -> str:
     # capture signature (declines), DiskCache's layer/remote/count arguments,
     # export_module/import_module, DeviceBackend.Options, coil.sdk.canonical,
     # Capabilities.random, Capabilities.inplace_reductions, template_dialects
-    return "1.7.0"
+    return "1.8.0"
 
 
 @sdk.hookimpl
