@@ -76,6 +76,15 @@ class ForgetfulTuningBackend(TuningBackend):
 '''
 
 
+@pytest.fixture(autouse=True)
+def _plugins_restored() -> Iterator[None]:
+    """The kit, run in this process, routes ``--coil-device`` to the backend it tests and
+    leaves it there: later tests in the process (the freezing tests' packed convolutions)
+    would get that backend instead of the C++ plugin."""
+    yield
+    plugins.reset()
+
+
 @pytest.fixture
 def fakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A module ``coil_conformance_fakes`` of fake backends, importable (also by subprocesses)."""
