@@ -96,10 +96,11 @@ class Capabilities:
     #: store first). Pointwise kernels write in place on every backend. Default False.
     inplace_reductions: bool = False
     #: Whether the device's GEMM library adds a linear layer's 1-D bias in its epilogue, at
-    #: no pass of its own (cuBLASLt). False: the core computes ``addmm(bias, a, b)`` as
-    #: ``mm(a, b)`` plus the bias as a pointwise add, which fuses into the kernel that reads
-    #: the product (a GELU, a residual, a norm); ATen's CPU ``addmm`` copies the bias over
-    #: its output before the product, a pass of its own (SDK 1.8.0). Default True.
+    #: no pass of its own (cuBLASLt). False: the core computes a float32 or float64
+    #: ``addmm(bias, a, b)`` as ``mm(a, b)`` plus the bias as a pointwise add, which fuses
+    #: into the kernel that reads the product (a GELU, a residual, a norm); ATen's CPU
+    #: ``addmm`` copies the bias over its output before the product, a pass of its own (SDK
+    #: 1.8.0). Default True.
     gemm_bias_epilogue: bool = True
     #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers

@@ -253,8 +253,8 @@ HISTORY: tuple[Release, ...] = (
     )),
     Release("1.8.0", (
         Change("Capabilities.gemm_bias_epilogue (default True): False makes the core compute "
-               "addmm with a 1-D bias as aten.mm plus a pointwise add of the bias, which fuses "
-               "into the kernel that reads the product"),
+               "a float32 or float64 addmm with a 1-D bias as aten.mm plus a pointwise add of "
+               "the bias, which fuses into the kernel that reads the product"),
     )),
 )
 

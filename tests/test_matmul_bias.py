@@ -63,3 +63,12 @@ def test_scaled_or_two_dimensional_biases_are_left_alone():
         gm = _traced(fn, bias, a, w)
         assert split_matmul_bias(gm, lambda device: False) == 0
         torch.testing.assert_close(gm(bias, a, w), fn(bias, a, w))
+
+
+def test_sixteen_bit_products_keep_addmm():
+    """A bf16 ``addmm`` rounds once, after the bias; rounding the product first would move
+    outputs by a bf16 ulp, so 16-bit linear layers are left alone."""
+    args = (torch.randn(8, dtype=torch.bfloat16), torch.randn(4, 3, dtype=torch.bfloat16),
+            torch.randn(3, 8, dtype=torch.bfloat16))
+    gm = _traced(lambda b, a, w: torch.addmm(b, a, w), *args)
+    assert split_matmul_bias(gm, lambda device: False) == 0
