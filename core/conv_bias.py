@@ -16,7 +16,7 @@ import logging
 import torch
 import torch.fx
 
-from .graph_edit import caller
+from .graph_edit import caller, settled
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -29,11 +29,7 @@ def split_conv_bias(gm: torch.fx.GraphModule) -> int:
         if node.op == "call_function" and node.target is aten.convolution.default and _splittable(node):
             _rewrite(gm.graph, node)
             count += 1
-    if count:
-        gm.graph.lint()
-        gm.recompile()
-        log.debug("%d convolution biases moved into pointwise adds", count)
-    return count
+    return settled(gm, count, log, "%d convolution biases moved into pointwise adds")
 
 
 def _splittable(node: torch.fx.Node) -> bool:

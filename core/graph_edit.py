@@ -3,6 +3,7 @@ reads from ``node.meta["val"]`` (computed in the graph's fake mode) and the stac
 the node it replaces."""
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
@@ -24,3 +25,13 @@ def caller(graph: torch.fx.Graph, replaced: torch.fx.Node) -> Callable[[object, 
         return new
 
     return call
+
+
+def settled(gm: torch.fx.GraphModule, count: int, log: logging.Logger, message: str) -> int:
+    """After a pass rewrote ``count`` nodes of ``gm`` (none: nothing to do): check the graph,
+    regenerate its code and log ``message % count``; returns ``count``."""
+    if count:
+        gm.graph.lint()
+        gm.recompile()
+        log.debug(message, count)
+    return count

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import torch.fx
 
-from .graph_edit import caller
+from .graph_edit import caller, settled
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -43,11 +43,7 @@ def split_matmul_bias(gm: torch.fx.GraphModule, fused: Callable[[torch.device], 
             node.replace_all_uses_with(added)
             gm.graph.erase_node(node)
             count += 1
-    if count:
-        gm.graph.lint()
-        gm.recompile()
-        log.debug("%d linear-layer biases moved into pointwise adds", count)
-    return count
+    return settled(gm, count, log, "%d linear-layer biases moved into pointwise adds")
 
 
 def _splittable(node: torch.fx.Node) -> bool:

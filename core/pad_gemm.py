@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 import torch.fx
 
-from .graph_edit import caller
+from .graph_edit import caller, settled
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -48,11 +48,7 @@ def pad_gemms(gm: torch.fx.GraphModule, alignment_bytes: Callable[[torch.device]
         if plan is not None:
             _rewrite(gm, node, *plan, pads)
             padded += 1
-    if padded:
-        gm.graph.lint()
-        gm.recompile()
-        log.debug("padded %d matmuls to the device's GEMM alignment", padded)
-    return padded
+    return settled(gm, padded, log, "padded %d matmuls to the device's GEMM alignment")
 
 
 def _column_major(t: torch.Tensor) -> bool:
