@@ -34,6 +34,9 @@ _UNINITIALISED = frozenset({aten.empty, aten.empty_like, aten.empty_strided, ate
 #: by a [16, 16] index, was gathered again in every attention's softmax kernel).
 _GATHERS = frozenset({aten.index, aten._unsafe_index, aten.index_select, aten.gather, aten.embedding,
                       aten.take})
+#: The most elements a gather larger than its inputs is stored with (a table gathered by
+#: broadcast indices could hold far more than either).
+GATHER_LIMIT = 1 << 22
 
 
 def foldable(target: Any) -> bool:
@@ -113,8 +116,8 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
         if not isinstance(out, torch.Tensor):
             continue
         is_view = bool(getattr(node.target, "is_view", False))
-        if (not is_view and node.target.overloadpacket not in _GATHERS
-                and out.numel() > sum(values[i].numel() for i in inputs)):
+        gather = node.target.overloadpacket in _GATHERS and out.numel() <= GATHER_LIMIT
+        if not is_view and not gather and out.numel() > sum(values[i].numel() for i in inputs):
             continue  # a broadcast: computed where it is read, not stored
         values[node] = out
         node.meta[ORIGIN] = frozenset().union(*(i.meta[ORIGIN] for i in inputs))

@@ -429,3 +429,17 @@ def test_a_gather_of_frozen_tables_is_computed_once() -> None:
     (graph,) = rep.graphs
     assert "2 of 2 parameters held as constants" in graph.frozen, graph.frozen
     assert not any("index" in k.name for k in graph.kernels), [k.name for k in graph.kernels]
+
+
+def test_a_gather_beyond_the_limit_is_left_to_the_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gather of frozen tables larger than its inputs and than ``GATHER_LIMIT`` elements is
+    computed where it is read, as a broadcast is: no constant of that size is stored."""
+    from coil import constant_fold
+    monkeypatch.setattr(constant_fold, "GATHER_LIMIT", 256)  # the bias holds 512 elements
+    net = _RelativeBias().eval()
+    scores = torch.randn(4, 2, 16, 16)
+    with torch.no_grad(), recording() as rep:
+        got = torch.compile(net, backend="coil", options={"freezing": True})(scores)
+        expected = net(scores)
+    torch.testing.assert_close(got, expected)
+    assert "0 of 2 parameters held as constants" in rep.graphs[0].frozen, rep.graphs[0].frozen
