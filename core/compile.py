@@ -210,7 +210,6 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         on_key(key.key)
     mutates = capture.mutates_inputs(gm)  # before passes rewrite gm
     traced_strides = static_output_strides(gm) if kind == "forward" else None  # as AOTAutograd traced them
-    eager_outputs = traced_outputs(gm)  # the outputs as traced: returned in these strides
     static = capture.static_input_indices()
     if collectives.in_graph(gm):  # recording runs a graph more than once: its collectives too
         config = collectives.without_capture(config)
@@ -219,6 +218,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     if hit is not None:
         report_output_strides(hit[1].output_strides)
         return _loaded(hit, config, kind, mutates, example_inputs, static, reg)
+    eager_outputs = traced_outputs(gm)  # the outputs as traced (before passes): returned in these strides
     # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
@@ -495,10 +495,8 @@ def report_strides_possible(gm: torch.fx.GraphModule) -> bool:
     context = torch._guards.TracingContext.try_get()
     if context is None or context.output_strides is None:
         return False
-    return not any(n.op == "call_function" and n.target is _WITH_EFFECTS for n in gm.graph.nodes)
-
-
-_WITH_EFFECTS = getattr(torch.ops.higher_order, "with_effects", None)
+    effects = getattr(torch.ops.higher_order, "with_effects", None)
+    return effects is None or not gm.graph.find_nodes(op="call_function", target=effects)
 
 
 def report_output_strides(strides: list[tuple[int, ...] | None] | None) -> None:
