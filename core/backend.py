@@ -14,7 +14,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from . import aot_cache, aot_training, capture, collect, compile_agreement, freezing, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
-from .compile import compile_graph, load_compiled
+from .compile import compile_graph, load_compiled, pad_joint_gemms
 from .cse import eliminate_common_subexpressions
 from .decompositions import table
 from .embedding_partition import partition_smaller
@@ -32,7 +32,8 @@ def _partition_fn() -> Any:
     """AOTAutograd's min-cut partitioner, after Coil's joint-graph rewrites: aliases taken out
     (:mod:`coil.joint_aliases`), common subexpressions merged (:mod:`coil.cse`, in place of
     the partitioner's own pass, which imports most of Inductor) and max-pool indices saved as
-    int8 window offsets (:mod:`coil.pool_offsets`); a graph with embeddings is partitioned with
+    int8 window offsets (:mod:`coil.pool_offsets`), matmuls padded to the GEMM alignment
+    (:mod:`coil.pad_gemm`, once for forward and backward); a graph with embeddings is partitioned with
     them whole and as index gathers, and the smaller saved set kept
     (:mod:`coil.embedding_partition`)."""
     try:
@@ -46,6 +47,7 @@ def _partition_fn() -> Any:
         if functorch_config.cse:  # unless the user turned it off: Coil's pass, not the partitioner's
             eliminate_common_subexpressions(joint_module)
         narrow_saved_indices(joint_module)
+        pad_joint_gemms(joint_module)
         with functorch_config.patch(cse=False):
             return partition_smaller(base, joint_module, *args, **kwargs)
 

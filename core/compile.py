@@ -99,6 +99,16 @@ def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
     return getattr(backend.capabilities, name, default) if backend is not None else default
 
 
+def pad_joint_gemms(joint: torch.fx.GraphModule) -> int:
+    """Pad AOTAutograd's joint graph's matmuls (:mod:`coil.pad_gemm`) before it is partitioned:
+    a padded matrix that the forward and the backward both read (a tied vocabulary
+    projection's weight) is then one node, saved in place of the unpadded one, where padding
+    each graph after partitioning would pad it again in the backward
+    (:func:`coil.pad_gemm.shares_padding` says which matmuls)."""
+    reg = plugins.registry()
+    return pad_gemms(joint, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0), joint=True)
+
+
 def _collective_impl(reg: Any, device: torch.device, op: Any) -> Any:
     """What a collective (or its wait) on ``device`` calls: its backend's own implementation
     (``DeviceBackend.collective``, SDK 0.11.0), else torch's op."""

@@ -9,6 +9,8 @@ import dataclasses
 import glob
 import os
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -464,6 +466,32 @@ def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
         torch.testing.assert_close(g, e, atol=1e-2, rtol=1e-2)
     backward = report.graphs[-1].wrapper_source
     assert backward.count("((16, 40), (40, 1)") == 1 and "((40, 24), (24, 1)" in backward, backward
+
+
+def test_a_cast_weight_is_padded_once_for_forward_and_backward(backend, monkeypatch):
+    """Autocast's shape of a vocabulary projection: a float32 weight cast to bf16, 37 rows
+    (padded to 40). The joint graph is padded before partitioning, so the forward saves the
+    padded bf16 weight in place of the unpadded one and the backward reads it as is (GPT-2's
+    tied weight was padded again in the backward: a second 74 MiB copy); a weight that is a
+    graph input stays unpadded across (see the test above). Gradients as eager's."""
+    from coil.report import recording
+    h, w, labels = _vocabulary_projection(monkeypatch)
+    w = w.detach().float().requires_grad_()
+
+    def f(h, w):
+        return F.cross_entropy((h @ w.to(torch.bfloat16).t()).float(), labels)
+
+    torch._dynamo.reset()
+    with recording() as report:
+        torch.compile(f, backend="coil")(h, w).backward()
+    got = (h.grad, w.grad)
+    h.grad = w.grad = None
+    f(h, w).backward()
+    for g, e in zip(got, (h.grad, w.grad)):
+        torch.testing.assert_close(g, e, atol=1e-2, rtol=1e-2)
+    backward = report.graphs[-1].wrapper_source
+    assert re.search(r"restride\(arg\d+, \(40, 24\), \(24, 1\)\)", backward), backward  # saved padded
+    assert "new_0((40, 24)" not in backward, backward  # not padded again
 
 
 def test_a_padded_product_saved_for_the_backward_keeps_its_strides(backend, monkeypatch):
