@@ -101,6 +101,15 @@ def rmsnorm_fn(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 # 6./7. sums ------------------------------------------------------------------ #
+def transpose_inputs() -> Tensors:
+    return (_randn(ROWS, COLS), _randn(COLS, ROWS))
+
+
+def transpose_add_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Reads ``y`` across its rows: a loop over ``x``'s rows walks ``y`` a row per element."""
+    return x + y.t()
+
+
 def sum_last_fn(x: torch.Tensor) -> torch.Tensor:
     return x.sum(dim=-1)
 
@@ -206,6 +215,8 @@ WORKLOADS: dict[str, Workload] = {
                  layernorm_inputs, layernorm_fn, atol=1e-4, rtol=1e-4),
         Workload("rmsnorm", f"x*rsqrt(mean(x^2,-1)+eps)*w, fp32 [{ROWS},{COLS}]",
                  rmsnorm_inputs, rmsnorm_fn, atol=1e-4, rtol=1e-4),
+        Workload("transpose_add", f"x + y.t(), fp32 [{ROWS},{COLS}]",
+                 transpose_inputs, transpose_add_fn),
         Workload("sum_last", f"x.sum(-1), fp32 [{ROWS},{COLS}]",
                  matrix_inputs, sum_last_fn, atol=1e-3, rtol=1e-4),
         Workload("sum_first", f"x.sum(0), fp32 [{ROWS},{COLS}]",

@@ -13,7 +13,7 @@ import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
 from coil.sdk.ir import Node
 
-from . import cpp, prepack, streaming, toolchain
+from . import autotune, cpp, prepack, streaming, toolchain
 from .codegen import KernelWriter
 
 
@@ -26,10 +26,13 @@ class CompiledModule:
     #: The cffi declarations and kernel name -> function in the library (for export).
     decls: list[str] = field(default_factory=list)
     functions: dict[str, str] = field(default_factory=dict)
+    #: Kernels compiled in several schedules, timed at their first launch (:mod:`.autotune`):
+    #: kernel name -> {"key", "buffers", "functions": variant -> function in the library}.
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 #: The form of :meth:`CppBackend.export_module`'s bytes; raise it when they change.
-EXPORT_FORMAT = "cpu_cpp-module-1"
+EXPORT_FORMAT = "cpu_cpp-module-2"
 
 
 # Convolution layout (prefers_channels_last). ATen's CPU convolutions (oneDNN), one thread,
@@ -93,6 +96,9 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         #: Write the outputs of kernels that move more bytes than the last-level cache holds
         #: with streaming (non-temporal) stores (:mod:`.streaming`).
         streaming: bool = True
+        #: Compile a few schedules of each large kernel and keep the fastest, measured at its
+        #: first launch and cached (:mod:`.autotune`).
+        autotune: bool = True
 
     def __init__(self) -> None:
         # inplace_reductions: one thread runs a kept point's loops in order (the split
@@ -104,44 +110,77 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
                                              template_dialects=frozenset({"cpp"}),
                                              compiler=os.environ.get("CXX", "g++"))
 
-    def generate(self, kernels: Sequence[sdk.Kernel]) -> tuple[str, list[str], dict[str, str], dict[str, str]]:
-        """The translation unit, its declarations, each kernel's readable source, and each
-        kernel's function in the unit: kernels that differ only in names (a model's repeated
+    def generate(self, kernels: Sequence[sdk.Kernel]
+                 ) -> tuple[str, list[str], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
+        """The translation unit, its declarations, each kernel's readable source, each
+        kernel's function in the unit, and the kernels to tune at their first launch (see
+        :class:`CompiledModule`): kernels that differ only in names (a model's repeated
         layers) share one canonical function (:mod:`coil.sdk.canonical`), compiled once."""
         bodies: dict[str, str] = {}
         decls: dict[str, str] = {}
         per_kernel: dict[str, str] = {}
         functions: dict[str, str] = {}
+        tuning: dict[str, dict[str, Any]] = {}
         for k in kernels:
-            text, decl = KernelWriter(k, k.name, llc=streaming.llc_bytes() if self.options.streaming else 0).generate()
-            per_kernel[k.name] = text
-            renamer = Renamer()
-            body = canonical_text(text, k.name, renamer)
-            name = digest_name("k_", body)
-            functions[k.name] = name
-            if name not in bodies:
-                bodies[name] = body.replace(PLACEHOLDER, name)
-                decls[name] = canonical_text(decl, k.name, renamer).replace(PLACEHOLDER, name)
+            variants = self._variants(k)
+            key = None
+            if len(variants) > 1:  # a choice made before (this process or an earlier one)?
+                key = autotune.key(canonical_text(variants[0][1], k.name, Renamer()),
+                                   [v.name for v, _, _ in variants], self.target_key())
+                chosen = [x for x in variants if x[0].name == autotune.choices().get(key)]
+                if chosen:
+                    variants, key = chosen, None
+            names: dict[str, str] = {}
+            for variant, text, decl in variants:
+                renamer = Renamer()
+                body = canonical_text(text, k.name, renamer)
+                names[variant.name] = name = digest_name("k_", body)
+                if name not in bodies:
+                    bodies[name] = body.replace(PLACEHOLDER, name)
+                    decls[name] = canonical_text(decl, k.name, renamer).replace(PLACEHOLDER, name)
+            per_kernel[k.name] = variants[0][1]
+            functions[k.name] = names[variants[0][0].name]
+            if key is not None:
+                tuning[k.name] = {"key": key, "buffers": len(k.inputs) + len(k.outputs), "functions": names}
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
                             toolchain.vector_math_prelude(), "", *bodies.values()])
-        return source, list(decls.values()), per_kernel, functions
+        return source, list(decls.values()), per_kernel, functions, tuning
+
+    def _variants(self, k: sdk.Kernel) -> list[tuple[autotune.Variant, str, str]]:
+        """(variant, source, declaration) of each distinct schedule of ``k`` to compile, the
+        rule's first: only the rule's unless ``k`` is tuned (:mod:`.autotune`)."""
+        llc = streaming.llc_bytes() if self.options.streaming else 0
+        stream = {"rule": llc, "off": 0, "on": 1 if self.options.streaming else 0}
+        candidates = autotune.VARIANTS if self.options.autotune and autotune.tunable(k) else (autotune.RULE,)
+        out: list[tuple[autotune.Variant, str, str]] = []
+        for v in candidates:
+            text, decl = KernelWriter(k, k.name, llc=stream[v.streaming], prefetch=v.prefetch,
+                                      tile=v.tile).generate()
+            if all(text != t for _, t, _ in out):
+                out.append((v, text, decl))
+        return out
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
-        source, decls, per_kernel, functions = self.generate(kernels)
+        source, decls, per_kernel, functions, tuning = self.generate(kernels)
         path = toolchain.library_for(source, shlex.split(self.options.extra_cflags),
                                      f"{self.options_key()}|{self.capabilities.cache_key()}")
-        return self._load(str(path), decls, functions, per_kernel, source)
+        return self._load(str(path), decls, functions, per_kernel, source, tuning)
 
     @staticmethod
     def _load(path: str, decls: list[str], functions: dict[str, str], per_kernel: dict[str, str],
-              source: str) -> CompiledModule:
+              source: str, tuning: dict[str, dict[str, Any]]) -> CompiledModule:
         import cffi  # optional until a library loads; its C parser costs ~60 ms to import
         ffi = cffi.FFI()
         ffi.cdef("\n".join(decls))
         lib = ffi.dlopen(path)
-        module = CompiledModule(lib, path, per_kernel, source, decls, functions)
+        module = CompiledModule(lib, path, per_kernel, source, decls, functions, tuning)
         for kernel_name, function in functions.items():
             setattr(module, kernel_name, getattr(lib, function))  # what the wrapper calls
+        for kernel_name, tune in tuning.items():
+            variants = {v: getattr(lib, f) for v, f in tune["functions"].items()}
+            chosen = autotune.choices().get(tune["key"], count=False)  # since the library was built
+            setattr(module, kernel_name, variants[chosen] if chosen in variants else
+                    autotune.Tuner(module, kernel_name, tune["key"], variants, tune["buffers"]))
         return module
 
     def export_module(self, compiled: CompiledModule) -> bytes | None:
@@ -153,7 +192,8 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
             return None
         return pickle.dumps({"format": EXPORT_FORMAT, "key": key, "library": library,
                              "decls": compiled.decls, "functions": compiled.functions,
-                             "sources": compiled.sources, "source": compiled.source})
+                             "sources": compiled.sources, "source": compiled.source,
+                             "tuning": compiled.tuning})
 
     def import_module(self, data: bytes, graph_name: str) -> CompiledModule | None:
         entry = pickle.loads(data)
@@ -162,7 +202,8 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         cache = toolchain.library_cache()  # the entry holds the library: no remote, no count
         path = (cache.lookup(entry["key"], ".so", remote=False, count=False)
                 or cache.write(entry["key"], ".so", entry["library"], remote=False))
-        return self._load(str(path), entry["decls"], entry["functions"], entry["sources"], entry["source"])
+        return self._load(str(path), entry["decls"], entry["functions"], entry["sources"], entry["source"],
+                          entry["tuning"])
 
     def target_key(self) -> str:
         """The compiler, the CPU (kernels are built with ``-march=native``), its last-level

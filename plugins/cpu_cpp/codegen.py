@@ -29,10 +29,15 @@ from .optable import BUFFER_CTYPES, CTYPES, OPS, literal
 class KernelWriter(ValueVisitor[ValueScope[str], str]):
     """Writes one ``extern "C"`` function for a kernel."""
 
-    def __init__(self, kernel: Kernel, fn_name: str, llc: int = 0) -> None:
+    def __init__(self, kernel: Kernel, fn_name: str, llc: int = 0, *, prefetch: bool = True,
+                 tile: int = TILE) -> None:
         self.k = kernel
         #: Bytes of the last-level cache where stores may stream (:mod:`.streaming`); 0: never.
         self.llc = llc
+        #: Whether multi-pass reductions prefetch the next row (:mod:`.prefetch`).
+        self.prefetch = prefetch
+        #: Tile side of tiled transposes (:mod:`.tiling`); 0: never tiled.
+        self.tile = tile
         self.fn_name = fn_name
         self.w = CodeWriter("  ")
         self.counter = 0
@@ -125,7 +130,7 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             ranges[-1:] = [ranges[-1] // split.divisor, sympy.Integer(split.divisor)]
             self.index_subs = split.substitutions()
         else:
-            tiles = transpose_tiles(self.k)
+            tiles = transpose_tiles(self.k, self.tile)
             if tiles is not None:
                 self._tiled_pointwise(nodes, tiles.dim)
                 return
@@ -177,7 +182,7 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
                 self.emit_nodes(nodes, ValueScope(row))
 
     def _tiled_pointwise(self, nodes: list[KernelNode], dim: int) -> None:
-        """The loop nest over ``TILE`` x ``TILE`` tiles of kept dim ``dim`` and the innermost
+        """The loop nest over square tiles (``self.tile``) of kept dim ``dim`` and the innermost
         one (see :mod:`.tiling`): the other dims and the two tile loops are shared by the
         threads, the two loops within a tile run inside, the innermost as a vector loop."""
         names, ranges = [v.name for v in self.k.x_vars], list(self.k.x_ranges)
@@ -188,11 +193,11 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
             for i in outer:
                 stack.enter_context(self.w.block(for_header(names[i], ranges[i]), "}"))
             for i in tiled:
-                stack.enter_context(self.w.block(for_header(f"{names[i]}_tile", ranges[i], step=TILE), "}"))
+                stack.enter_context(self.w.block(for_header(f"{names[i]}_tile", ranges[i], step=self.tile), "}"))
             for i in tiled:
                 if i == tiled[-1]:
                     self.w.line("#pragma omp simd")
-                end = f"std::min<int64_t>({names[i]}_tile + {TILE}, {idx(ranges[i])})"
+                end = f"std::min<int64_t>({names[i]}_tile + {self.tile}, {idx(ranges[i])})"
                 stack.enter_context(self.w.block(for_header(names[i], end, start=f"{names[i]}_tile"), "}"))
             self.emit_nodes(nodes, ValueScope())
 

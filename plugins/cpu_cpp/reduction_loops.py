@@ -92,7 +92,7 @@ def reduction_kernel(kw: KernelWriter) -> None:
         kw.pragma(parallel_for(work(k), len(names)))
     stashes = plan(k, scratch=not split)
     rsplit = _lane_split(k)  # once per kernel: it folds every index expression
-    ahead = None if split or rsplit is not None else prefetch.plan(k)
+    ahead = None if split or rsplit is not None or not kw.prefetch else prefetch.plan(k)
     with kw.loops(names, k.x_ranges):
         kw.w.lines(scratch_rows(k, stashes))
         scope = ValueScope(tables)

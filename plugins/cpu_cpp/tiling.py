@@ -24,14 +24,15 @@ class Tiles:
     dim: int
 
 
-def transpose_tiles(k: Kernel) -> Tiles | None:
+def transpose_tiles(k: Kernel, tile: int = TILE) -> Tiles | None:
     """Where some memory access of ``k`` is contiguous along an outer kept dim and strided
     along the innermost one (a transposed read or write), the outer dim to tile with the
-    innermost; else None (also where either dim is known to be shorter than a tile)."""
-    if len(k.x_vars) < 2:
+    innermost; else None (also where either dim is known to be shorter than a ``tile``, or
+    ``tile`` is 0)."""
+    if len(k.x_vars) < 2 or tile <= 0:
         return None
     last = k.x_vars[-1]
-    if _short(k.x_ranges[-1]):
+    if _short(k.x_ranges[-1], tile):
         return None
     for e in _accesses(k):
         if _unit(e, last):
@@ -40,7 +41,7 @@ def transpose_tiles(k: Kernel) -> Tiles | None:
         if along_last is None or along_last == 0:
             continue  # broadcast along the innermost dim (a bias per row): nothing strided
         for d, v in enumerate(k.x_vars[:-1]):
-            if _unit(e, v) and not _short(k.x_ranges[d]):
+            if _unit(e, v) and not _short(k.x_ranges[d], tile):
                 return Tiles(d)
     return None
 
@@ -68,5 +69,5 @@ def _unit(e: sympy.Expr, v: sympy.Symbol) -> bool:
     return _diff(e, v) == 1
 
 
-def _short(n: sympy.Expr) -> bool:
-    return bool(n.is_number and int(n) < TILE)
+def _short(n: sympy.Expr, tile: int) -> bool:
+    return bool(n.is_number and int(n) < tile)
