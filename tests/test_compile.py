@@ -161,6 +161,34 @@ def test_input_mutation_written_back():
     torch.testing.assert_close(y, ye)
 
 
+@pytest.mark.parametrize("update", [
+    lambda x: x[1:].copy_(x[:-1] * 2 + 1),  # reads the row before the one it writes
+    lambda x: x[:, 1:].copy_(x[:, :-1].sin()),
+    lambda x: x.copy_(x.t() + 1),  # reads the transposed element
+    lambda x: x[:-1].copy_(x[1:] - x[:-1]),  # and the one after
+    lambda x: x.copy_(x.flip(0)),
+    lambda x: x.copy_(x[torch.arange(x.shape[0], device=x.device).roll(1)]),  # a gather of it
+    lambda x: x.mul_(2).add_(x.sum(0)),  # the same element, and a reduction of all: fine as it was
+], ids=["shift", "shift_cols", "transpose", "shift_back", "flip", "gather", "same_index"])
+def test_a_write_into_an_input_that_reads_it_elsewhere_matches_eager(update):
+    """A graph that writes an input from other elements of the same input: one loop writing
+    x while reading elsewhere in it would read what it already wrote (``x[1:].copy_(x[:-1] *
+    2 + 1)`` came out with every row but the first wrong, inf at 256 rows); the source is
+    computed first, as eager does."""
+    def f(x):
+        update(x)
+        return x * 1
+
+    for n in (4, 64):
+        x = torch.randn(n, n)
+        xe = x.clone()
+        expected = f(xe)
+        torch._dynamo.reset()
+        out = torch.compile(f, backend="coil")(x)
+        torch.testing.assert_close(x, xe)
+        torch.testing.assert_close(out, expected)
+
+
 def test_batchnorm_running_stats_match_eager():
     bn = nn.BatchNorm1d(6)
     bn2 = copy.deepcopy(bn)

@@ -142,10 +142,31 @@ def _copy_(ctx: LoweringContext, dst: TensorValue, src: TensorValue, non_blockin
     ranges, idx = split_unit_dims(dst.size)
     name = ctx.new_name()
     storage = ctx.buffers[dst.name].storage or dst.name
+    store_index = dst.layout.index(idx)
+    body = value.load(idx)
+    if _reads_elsewhere(ctx, body, storage, store_index):
+        # ``x[1:].copy_(x[:-1] * 2)``: one loop writing x while reading other elements of it
+        # would read what it already wrote; eager computes the source first, and so does this
+        body = ctx.realize(value).load(idx)
     ctx.add_buffer(name, dst.layout, storage=storage)
-    ctx.add_node(ir.PointwiseNode(name, layout=dst.layout, ranges=ranges, body=value.load(idx),
-                                  store_index=dst.layout.index(idx), mutates=storage))
+    ctx.add_node(ir.PointwiseNode(name, layout=dst.layout, ranges=ranges, body=body,
+                                  store_index=store_index, mutates=storage))
     return Realized(dst.dtype, dst.device, dst.size, name, dst.layout)
+
+
+def _reads_elsewhere(ctx: LoweringContext, body: ir.Value, storage: str, store_index: Expr) -> bool:
+    """Whether ``body`` loads from the memory of ``storage`` (the buffer itself or one written
+    into it) at any index but ``store_index`` (a gather's index holds its data-dependent
+    symbol, so it differs too)."""
+    for v in ir.walk(body):
+        if not isinstance(v, ir.Load):
+            continue
+        buf = ctx.buffers.get(v.buffer)
+        if v.buffer != storage and (buf is None or buf.storage != storage):
+            continue
+        if v.index != store_index and sympy.expand(sympy.sympify(v.index) - store_index) != 0:
+            return True
+    return False
 
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
