@@ -144,14 +144,31 @@ def _copy_(ctx: LoweringContext, dst: TensorValue, src: TensorValue, non_blockin
     storage = ctx.buffers[dst.name].storage or dst.name
     store_index = dst.layout.index(idx)
     body = value.load(idx)
-    if _reads_elsewhere(ctx, body, storage, store_index):
+    if _reads_elsewhere(ctx, body, storage, store_index) or _reads_written(ctx, body, storage):
         # ``x[1:].copy_(x[:-1] * 2)``: one loop writing x while reading other elements of it
-        # would read what it already wrote; eager computes the source first, and so does this
+        # would read what it already wrote; eager computes the source first, and so does this.
+        # Likewise where the source reads another input this graph has already written
+        # (``a.add_(b); b.mul_(a)``: each write must wait for the other's read of the old
+        # values, a cycle): the source, computed first, reads them before either write.
         body = ctx.realize(value).load(idx)
     ctx.add_buffer(name, dst.layout, storage=storage)
     ctx.add_node(ir.PointwiseNode(name, layout=dst.layout, ranges=ranges, body=body,
                                   store_index=store_index, mutates=storage))
     return Realized(dst.dtype, dst.device, dst.size, name, dst.layout)
+
+
+def _reads_written(ctx: LoweringContext, body: ir.Value, storage: str) -> bool:
+    """Whether ``body`` loads the old value of a graph input other than ``storage`` that an
+    earlier node of the graph writes."""
+    written = {n.mutates for n in ctx.nodes if isinstance(n, ir.PointwiseNode) and n.mutates} - {storage}
+    if not written:
+        return False
+    for v in ir.walk(body):
+        if isinstance(v, ir.Load):
+            buf = ctx.buffers.get(v.buffer)
+            if v.buffer in written or (buf is not None and buf.storage in written):
+                return True
+    return False
 
 
 def _reads_elsewhere(ctx: LoweringContext, body: ir.Value, storage: str, store_index: Expr) -> bool:
