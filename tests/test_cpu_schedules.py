@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 import coil  # noqa: F401  (registers the backend)
 
+import isa
 from conftest import TEST_BACKEND
 from helpers import check
 
@@ -44,6 +45,48 @@ def test_transpose_in_3d_and_transposed_store():
     assert "_tile" in r.kernels[0].source
     y = torch.randn(2, 37, 64)
     check(lambda x, y: x.permute(0, 2, 1) * y[:, :1, :].permute(0, 2, 1).exp(), torch.randn(2, 37, 64), y)
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request: pytest.FixtureRequest):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("built", list(isa.FLAGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+@pytest.mark.parametrize("shape", [(64, 96), (70, 45), (32, 32), (33, 200)])
+def test_a_transposed_read_goes_through_a_local_tile(built, dtype, shape, threads):
+    """A 4-byte tensor read across its rows is copied tile by tile into a local array through
+    registers (``coil_transpose.h``: 16x16 blocks with AVX-512, 8x8 with AVX2, the ragged
+    edges element by element), at sizes that are and are not whole blocks and tiles; the
+    values are eager's exactly (NaN payloads kept: the copy moves bits)."""
+    m, n = shape
+    x, y = _rand(m, n, dtype=dtype), _rand(n, m, dtype=dtype)
+    if dtype == torch.float32:
+        y[3, 5] = torch.tensor(0x7FC01234, dtype=torch.int32).view(torch.float32)  # a NaN with a payload
+    with isa.built_for(built):
+        r = coil.explain(lambda x, y: x + y.t() * 2, x, y)
+    expected = x + y.t() * 2
+    assert r.kernels[0].source.count("coil::transpose_tile") == 1, r.kernels[0].source
+    got = r.result
+    assert torch.equal(got.view(torch.int32), expected.view(torch.int32)) if dtype == torch.float32 \
+        else torch.equal(got, expected)
+
+
+def test_two_transposed_reads_and_a_batch_dim_each_get_a_tile():
+    x, y, z = torch.randn(3, 40, 50), torch.randn(3, 50, 40), torch.randn(50, 40)
+    r = check(lambda x, y, z: x.transpose(1, 2) * y + z + (x + y.transpose(1, 2)).transpose(1, 2), x, y, z)
+    assert all(k.source.count("coil::transpose_tile") <= 2 for k in r.kernels)
+    assert any("coil::transpose_tile" in k.source for k in r.kernels)
+
+
+def test_other_element_sizes_keep_the_strided_loads():
+    x, y = torch.randn(64, 96, dtype=torch.float64), torch.randn(96, 64, dtype=torch.float64)
+    r = check(lambda x, y: x + y.t(), x, y)
+    assert "_tile" in r.kernels[0].source and "coil::transpose_tile" not in r.kernels[0].source
 
 
 def test_bias_per_row_is_not_tiled():

@@ -142,7 +142,9 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
             functions[k.name] = names[variants[0][0].name]
             if key is not None:
                 tuning[k.name] = {"key": key, "buffers": len(k.inputs) + len(k.outputs), "functions": names}
+        transposes = any("coil::transpose_tile" in body for body in bodies.values())
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
+                            *(['#include "coil_transpose.h"'] if transposes else []),
                             toolchain.vector_math_prelude(), "", *bodies.values()])
         return source, list(decls.values()), per_kernel, functions, tuning
 

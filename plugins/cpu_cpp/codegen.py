@@ -19,7 +19,7 @@ from .accumulators import accumulator
 from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import innermost_split
 from .half_nan import nan_low_half_clear
-from .hoist import hoist_row_invariants
+from .hoist import hoist_row_invariants, unmasked
 from .masked_rows import MaskedRows
 from .tables import table_scope
 from .tiling import TILE, transpose_tiles
@@ -38,6 +38,9 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         self.prefetch = prefetch
         #: Tile side of tiled transposes (:mod:`.tiling`); 0: never tiled.
         self.tile = tile
+        #: (buffer, index) of a load read from a transposed local tile -> the local's
+        #: element (see :meth:`_transposed_tiles`).
+        self.tile_loads: dict[tuple[str, object], str] = {}
         self.fn_name = fn_name
         self.w = CodeWriter("  ")
         self.counter = 0
@@ -194,12 +197,40 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
                 stack.enter_context(self.w.block(for_header(names[i], ranges[i]), "}"))
             for i in tiled:
                 stack.enter_context(self.w.block(for_header(f"{names[i]}_tile", ranges[i], step=self.tile), "}"))
+            self._transposed_tiles(nodes, dim)
             for i in tiled:
                 if i == tiled[-1]:
                     self.w.line("#pragma omp simd")
                 end = f"std::min<int64_t>({names[i]}_tile + {self.tile}, {idx(ranges[i])})"
                 stack.enter_context(self.w.block(for_header(names[i], end, start=f"{names[i]}_tile"), "}"))
             self.emit_nodes(nodes, ValueScope())
+
+    def _transposed_tiles(self, nodes: list[KernelNode], dim: int) -> None:
+        """Inside a tile of :meth:`_tiled_pointwise`: each 4-byte tensor the tile reads along
+        ``dim`` (unit stride) and across the innermost dim (stride S) is copied into a local
+        tile in the loop's order (``coil::transpose_tile``, through registers: see
+        ``coil_transpose.h``), and its loads read the local tile instead of gathering.
+        Only loads outside masked bodies (they run at every point of the tile, so the tile
+        reads nothing the loop would not) and without data-dependent indices."""
+        x_dim, x_last = self.k.x_vars[dim], self.k.x_vars[-1]
+        tile_of = {v: sympy.Symbol(f"{v.name}_tile", integer=True, nonnegative=True) for v in (x_dim, x_last)}
+        extent = {v: f"std::min<int64_t>({self.tile}, {idx(self.k.x_ranges[i])} - {v.name}_tile)"
+                  for i, v in ((dim, x_dim), (len(self.k.x_vars) - 1, x_last))}
+        for kn in nodes:
+            for v in unmasked(kn.body):
+                if (not isinstance(v, Load) or v.indirect or v.buffer in self.k.internal
+                        or (v.buffer, v.index) in self.tile_loads or self.k.dtypes[v.buffer].itemsize != 4):
+                    continue
+                e = sympy.sympify(v.index)
+                stride = sympy.diff(e, x_last)
+                if sympy.diff(e, x_dim) != 1 or not stride.is_Integer or int(stride) <= 1:
+                    continue
+                local = f"tt{len(self.tile_loads)}"
+                self.w.line(f"alignas(64) {self.ctype(v.buffer)} {local}[{self.tile}][{self.tile}];")
+                self.w.line(f"coil::transpose_tile(&{v.buffer}[{self.idx(e.xreplace(tile_of))}], {int(stride)}, "
+                            f"&{local}[0][0], {self.tile}, {extent[x_dim]}, {extent[x_last]});")
+                self.tile_loads[(v.buffer, v.index)] = (
+                    f"{local}[{x_dim.name} - {x_dim.name}_tile][{x_last.name} - {x_last.name}_tile]")
 
     # -- nodes and values
 
@@ -263,7 +294,8 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
     def visit_load(self, v: Load, scope: ValueScope[str]) -> str:
         for ind in v.indirect:
             self.value(ind, scope)
-        return f"{v.buffer}[{self.idx(v.index)}]"
+        tile = self.tile_loads.get((v.buffer, v.index)) if self.tile_loads else None
+        return tile if tile is not None else f"{v.buffer}[{self.idx(v.index)}]"
 
     def visit_index_value(self, v: IndexValue, scope: ValueScope[str]) -> str:
         return f"static_cast<int64_t>({self.idx(v.expr)})"
