@@ -469,11 +469,9 @@ def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
 
 
 def test_a_cast_weight_is_padded_once_for_forward_and_backward(backend, monkeypatch):
-    """Autocast's shape of a vocabulary projection: a float32 weight cast to bf16, 37 rows
-    (padded to 40). The joint graph is padded before partitioning, so the forward saves the
-    padded bf16 weight in place of the unpadded one and the backward reads it as is (GPT-2's
-    tied weight was padded again in the backward: a second 74 MiB copy); a weight that is a
-    graph input stays unpadded across (see the test above). Gradients as eager's."""
+    """Autocast's vocabulary projection: a float32 weight cast to bf16, 37 rows (padded to 40).
+    The joint graph is padded before partitioning: the forward saves the padded cast and the
+    backward reads it as is (GPT-2 padded it again there, 74 MiB). Gradients as eager's."""
     from coil.report import recording
     h, w, labels = _vocabulary_projection(monkeypatch)
     w = w.detach().float().requires_grad_()
