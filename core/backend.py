@@ -20,6 +20,7 @@ from .decompositions import table
 from .embedding_partition import partition_smaller
 from .errors import ConfigError
 from .full_masks import simplify_masks
+from .mutated_inputs import partition_safely
 from .pool_offsets import narrow_saved_indices
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,8 @@ def _partition_fn() -> Any:
     int8 window offsets (:mod:`coil.pool_offsets`), matmuls padded to the GEMM alignment
     (:mod:`coil.pad_gemm`, once for forward and backward); a graph with embeddings is partitioned with
     them whole and as index gathers, and the smaller saved set kept
-    (:mod:`coil.embedding_partition`)."""
+    (:mod:`coil.embedding_partition`); a backward that reads an input the forward writes is
+    partitioned again with that input read through a saved copy (:mod:`coil.mutated_inputs`)."""
     try:
         from torch._functorch.partitioners import min_cut_rematerialization_partition as base
     except ImportError:  # pragma: no cover - older torch
@@ -49,7 +51,7 @@ def _partition_fn() -> Any:
         narrow_saved_indices(joint_module)
         pad_joint_gemms(joint_module)
         with functorch_config.patch(cse=False):
-            return partition_smaller(base, joint_module, *args, **kwargs)
+            return partition_safely(functools.partial(partition_smaller, base), joint_module, *args, **kwargs)
 
     return partition
 

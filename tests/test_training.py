@@ -87,3 +87,39 @@ def test_a_forward_with_effect_tokens_and_a_saved_view_with_a_size_one_dim():
     (expected * torch.arange(expected.numel(), dtype=expected.dtype).view(expected.shape)).sum().backward()
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(got, a.grad)
+
+
+class _Counted(nn.Module):
+    """Scales by a call count it keeps in a buffer (incremented under ``no_grad``), and by a
+    factor it doubles after reading it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.register_buffer("scale", torch.full((4,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            self.count += 1
+        y = x * (self.count * self.scale)  # saves the product (eager: not the buffer)
+        with torch.no_grad():
+            self.scale.mul_(2)
+        return y
+
+
+def test_a_backward_does_not_read_an_input_the_forward_wrote():
+    """The partitioner recomputed ``count + 1`` in the backward from the buffer, which the
+    forward had already incremented: gradients twice eager's (aot_eager and Inductor on
+    torch 2.13 too). Coil reads such inputs through copies saved before the write. Three
+    steps, gradients and buffers as eager's."""
+    torch.manual_seed(0)
+    eager, compiled = _Counted(), _Counted()
+    step = torch.compile(compiled, backend="coil")
+    for _ in range(3):
+        x = torch.randn(8, 4).requires_grad_()
+        x2 = x.detach().clone().requires_grad_()
+        eager(x).pow(2).sum().backward()
+        step(x2).pow(2).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+        torch.testing.assert_close(compiled.count, eager.count)
+        torch.testing.assert_close(compiled.scale, eager.scale)
