@@ -80,3 +80,12 @@ def traces(monkeypatch):
 
     monkeypatch.setattr(coil_backend, "aot_module_simplified", counted)
     return calls
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def threads(request: pytest.FixtureRequest):
+    """Run the test with one and with two threads (``torch.set_num_threads``), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

@@ -47,14 +47,6 @@ def test_transpose_in_3d_and_transposed_store():
     check(lambda x, y: x.permute(0, 2, 1) * y[:, :1, :].permute(0, 2, 1).exp(), torch.randn(2, 37, 64), y)
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("built", list(isa.FLAGS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
 @pytest.mark.parametrize("shape", [(64, 96), (70, 45), (32, 32), (33, 200)])

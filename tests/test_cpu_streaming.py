@@ -25,14 +25,6 @@ def _small_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(streaming, "llc_bytes", lambda: 4096)
 
 
-@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
-def threads(request: pytest.FixtureRequest):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 def _streams(report: coil.explain) -> list[str]:
     return [k.source for k in report.kernels if "coil::stream_line" in k.source]
 

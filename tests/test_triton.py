@@ -446,16 +446,9 @@ def _vocabulary_projection(monkeypatch):
     return h, w, torch.arange(16) % 37
 
 
-def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
-    """The backward of a vocabulary projection: the weight's gradient multiplies the logits'
-    gradient transposed (column-major, M = 37 rows), the input's gradient reads it as is
-    (K = 37). Both read one padding of it, 40 wide, and the gradients match eager's."""
+def _backward_source(f, h, w) -> str:
+    """The wrapper of the backward of ``f(h, w)`` compiled, whose gradients match eager's."""
     from coil.report import recording
-    h, w, labels = _vocabulary_projection(monkeypatch)
-
-    def f(h, w):
-        return F.cross_entropy((h @ w.t()).float(), labels)
-
     torch._dynamo.reset()
     with recording() as report:
         torch.compile(f, backend="coil")(h, w).backward()
@@ -464,7 +457,19 @@ def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
     f(h, w).backward()
     for g, e in zip(got, (h.grad, w.grad)):
         torch.testing.assert_close(g, e, atol=1e-2, rtol=1e-2)
-    backward = report.graphs[-1].wrapper_source
+    return report.graphs[-1].wrapper_source
+
+
+def test_transposed_misaligned_matmul_is_padded_along_m(backend, monkeypatch):
+    """The backward of a vocabulary projection: the weight's gradient multiplies the logits'
+    gradient transposed (column-major, M = 37 rows), the input's gradient reads it as is
+    (K = 37). Both read one padding of it, 40 wide, and the gradients match eager's."""
+    h, w, labels = _vocabulary_projection(monkeypatch)
+
+    def f(h, w):
+        return F.cross_entropy((h @ w.t()).float(), labels)
+
+    backward = _backward_source(f, h, w)
     assert backward.count("((16, 40), (40, 1)") == 1 and "((40, 24), (24, 1)" in backward, backward
 
 
@@ -472,22 +477,13 @@ def test_a_cast_weight_is_padded_once_for_forward_and_backward(backend, monkeypa
     """Autocast's vocabulary projection: a float32 weight cast to bf16, 37 rows (padded to 40).
     The joint graph is padded before partitioning: the forward saves the padded cast and the
     backward reads it as is (GPT-2 padded it again there, 74 MiB). Gradients as eager's."""
-    from coil.report import recording
     h, w, labels = _vocabulary_projection(monkeypatch)
     w = w.detach().float().requires_grad_()
 
     def f(h, w):
         return F.cross_entropy((h @ w.to(torch.bfloat16).t()).float(), labels)
 
-    torch._dynamo.reset()
-    with recording() as report:
-        torch.compile(f, backend="coil")(h, w).backward()
-    got = (h.grad, w.grad)
-    h.grad = w.grad = None
-    f(h, w).backward()
-    for g, e in zip(got, (h.grad, w.grad)):
-        torch.testing.assert_close(g, e, atol=1e-2, rtol=1e-2)
-    backward = report.graphs[-1].wrapper_source
+    backward = _backward_source(f, h, w)
     assert re.search(r"restride\(arg\d+, \(40, 24\), \(24, 1\)\)", backward), backward  # saved padded
     assert "new_0((40, 24)" not in backward, backward  # not padded again
 
