@@ -1,6 +1,8 @@
 """Lowerings of ATen's elementwise ops: type promotion, broadcasting, and one ``Op`` each."""
 from __future__ import annotations
 
+import math
+
 from typing import Any, Sequence
 
 import torch
@@ -105,7 +107,6 @@ _SIMPLE: list[tuple[str, list[Any], str]] = [
     ("nextafter", [aten.nextafter], "arith"),
     ("fmod", [aten.fmod.Tensor, aten.fmod.Scalar], "arith"),
     ("remainder", [aten.remainder.Tensor, aten.remainder.Scalar], "arith"),
-    ("floordiv", [aten.floor_divide], "arith"),
     ("exp", [aten.exp], "arith"), ("exp2", [aten.exp2], "arith"), ("expm1", [aten.expm1], "arith"),
     ("log", [aten.log], "arith"), ("log2", [aten.log2], "arith"), ("log10", [aten.log10], "arith"),
     ("log1p", [aten.log1p], "arith"), ("sqrt", [aten.sqrt], "arith"), ("rsqrt", [aten.rsqrt], "arith"),
@@ -158,9 +159,50 @@ def _div_mode(ctx: LoweringContext, a: Any, b: Any, *, rounding_mode: str | None
     if rounding_mode is None:
         return pointwise("truediv", [a, b], out)
     if out.is_floating_point:
-        q = pointwise("truediv", [a, b], out)
-        return pointwise("floor" if rounding_mode == "floor" else "trunc", [q], out)
+        if rounding_mode == "floor":
+            return floor_divide_float(a, b, out)
+        return pointwise("trunc", [pointwise("truediv", [a, b], out)], out)
     return pointwise("floordiv" if rounding_mode == "floor" else "truncdiv", [a, b], out)
+
+
+@lowering(aten.floor_divide)
+def _floor_divide(ctx: LoweringContext, a: Any, b: Any) -> TensorValue:
+    out = _out_dtype(ctx)
+    return floor_divide_float(a, b, out) if out.is_floating_point else pointwise("floordiv", [a, b], out)
+
+
+def floor_divide_float(a: Any, b: Any, out: torch.dtype) -> TensorValue:
+    """Floating ``a // b`` as eager computes it (c10's ``div_floor_floating``), not as
+    ``floor(a / b)``: from ``fmod``, so that ``a == b * (a // b) + a % b`` holds as in Python
+    (``1.0 // 0.1`` is 9, where ``floor(1.0 / 0.1)`` is 10), in float32 for half types."""
+    tensors = [t for t in (a, b) if isinstance(t, TensorValue)]
+    if not tensors:
+        raise LoweringError("floor_divide", "no tensor operand")
+    size = broadcast_shapes(*(t.size for t in tensors))
+    f = compute_dtype(out)
+    av, bv = (broadcast_to(v, size) if isinstance(v, TensorValue) else v for v in (a, b))
+
+    def fn(idx: list[ir.Expr]) -> ir.Value:
+        x, y = (cast(v.load(idx), f) if isinstance(v, TensorValue) else const(v, f) for v in (av, bv))
+
+        def op(name: str, *args: ir.Value, dtype: torch.dtype = f) -> ir.Value:
+            return ir.Op(dtype, name=name, args=args)
+
+        def test(name: str, *args: ir.Value) -> ir.Value:
+            return op(name, *args, dtype=torch.bool)
+
+        zero, one = const(0, f), const(1, f)
+        mod = op("fmod", x, y)
+        div = op("truediv", op("sub", x, mod), y)
+        below = test("logical_and", test("ne", mod, zero), test("logical_xor", test("lt", y, zero), test("lt", mod, zero)))
+        div = op("where", below, op("sub", div, one), div)
+        floor = op("floor", div)
+        floor = op("where", test("gt", op("sub", div, floor), const(0.5, f)), op("add", floor, one), floor)
+        quotient = op("truediv", x, y)
+        result = op("where", test("ne", div, zero), floor, op("copysign", zero, quotient))
+        return cast(op("where", test("eq", y, zero), quotient, result), out)
+
+    return lazy(out, tensors[0].device, size, fn)
 
 
 @lowering(aten.pow.Tensor_Scalar)
@@ -213,13 +255,21 @@ def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None)
         lo, hi = None, lo
     operand = promoted_dtype([x, lo, hi])
     result: TensorValue = x
+    # a bound that is a tensor or NaN: NaN-propagating maximum / minimum, as eager's clamp
+    # returns NaN for a NaN bound (clamp_min and clamp_max propagate only x's NaN)
     if lo is not None:
-        result = pointwise("clamp_min", [result, lo], out, operand_dtype=operand)
+        result = pointwise("maximum" if _maybe_nan(lo) else "clamp_min", [result, lo], out, operand_dtype=operand)
     if hi is not None:
-        result = pointwise("clamp_max", [result, hi], out, operand_dtype=operand)
+        result = pointwise("minimum" if _maybe_nan(hi) else "clamp_max", [result, hi], out, operand_dtype=operand)
     if lo is None and hi is None:
         raise LoweringError(ctx.origin, "clamp with neither bound")
     return result
+
+
+def _maybe_nan(bound: Any) -> bool:
+    if isinstance(bound, TensorValue):
+        return bound.dtype.is_floating_point
+    return isinstance(bound, float) and math.isnan(bound)
 
 
 @lowering(aten.relu)

@@ -141,11 +141,22 @@ template <typename T> inline T row_select(bool c, T a, T b) {
   }
 }
 
+// Integer division by -1 is a negation (wrapping, as eager's: INT_MIN // -1 == INT_MIN) and
+// never a division: INT_MIN / -1 traps (SIGFPE) on x86-64.
+template <typename T> inline bool minus_one(T b) {
+  if constexpr (std::is_signed_v<T>) return b == T(-1);
+  else return false;
+}
+template <typename T> inline T negated(T a) {
+  using U = std::make_unsigned_t<T>;
+  return T(U(0) - U(a));
+}
 template <typename T> inline T floordiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
     return std::floor(a / b);
   } else {
     if (b == 0) return 0;
+    if (minus_one(b)) return negated(a);
     T q = a / b;
     if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
     return q;
@@ -153,7 +164,7 @@ template <typename T> inline T floordiv(T a, T b) {
 }
 template <typename T> inline T truncdiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) return std::trunc(a / b);
-  else return b == 0 ? T(0) : T(a / b);
+  else return b == 0 ? T(0) : minus_one(b) ? negated(a) : T(a / b);
 }
 template <typename T> inline T remainder(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -161,7 +172,7 @@ template <typename T> inline T remainder(T a, T b) {
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
   } else {
-    if (b == 0) return 0;
+    if (b == 0 || minus_one(b)) return 0;
     T r = a % b;
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
@@ -169,11 +180,11 @@ template <typename T> inline T remainder(T a, T b) {
 }
 template <typename T> inline T fmod_(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) return std::fmod(a, b);
-  else return b == 0 ? T(0) : T(a % b);
+  else return b == 0 || minus_one(b) ? T(0) : T(a % b);
 }
+// As ATen's: (0 < x) - (x < 0), so the sign of a NaN is 0.
 template <typename T> inline T sign(T x) {
   if constexpr (std::is_same_v<T, bool>) return x;
-  else if constexpr (std::is_floating_point_v<T>) return isnan_(x) ? x : T((T(0) < x) - (x < T(0)));
   else return T((T(0) < x) - (x < T(0)));
 }
 template <typename T> inline T pow_(T a, T b) {

@@ -82,8 +82,7 @@ def _sign(a: list[str], t: torch.dtype, interp: bool) -> str:
     if t == torch.bool:
         return x
     ct = compute(t)
-    body = f"((0 < {x}).to({ct}) - ({x} < 0).to({ct}))"
-    return f"tl.where({x} != {x}, {x}, {body})" if t.is_floating_point else body
+    return f"((0 < {x}).to({ct}) - ({x} < 0).to({ct}))"  # as ATen's: the sign of a NaN is 0
 
 
 def _bitwise_not(a: list[str], t: torch.dtype, interp: bool) -> str:

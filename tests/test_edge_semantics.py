@@ -1,0 +1,56 @@
+"""Eager's results at the edges of arithmetic, found by a hunt against eager (session 28):
+float floor division (from ``fmod``, as c10's ``div_floor_floating``, not ``floor(a / b)``),
+``clamp`` with a NaN bound (NaN, as eager), the sign of a NaN (0, as ATen's ``(0 < x) - (x <
+0)``) and integer division by -1 (a wrapping negation: ``INT_MIN // -1`` trapped with SIGFPE
+in the C++ plugin and killed the process)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import check
+
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_float_floor_division_matches_eager(dtype):
+    a = torch.tensor([3.0, 1.0, 0.7, -3.0, 1.0, -0.7, 5.0, -5.0, 0.0, -0.0, 7.5, NAN, float("inf")])
+    b = torch.tensor([0.3, 0.1, 0.1, 0.3, -0.1, 0.1, 0.0, 0.0, 3.0, 3.0, -2.0, 1.0, 2.0])
+    a, b = a.to(dtype), b.to(dtype)
+    fns = [lambda a, b: a // b, lambda a, b: torch.div(a, b, rounding_mode="floor"),
+           lambda a, b: torch.floor_divide(a, 0.1)]
+    if dtype != torch.bfloat16:  # eager's bf16 results here depend on its vector or scalar path
+        fns.append(lambda a, b: (a * 10) // b + a % b)
+    for f in fns:
+        got = torch.compile(f, backend="coil")(a, b)
+        expected = f(a, b)
+        torch.testing.assert_close(got, expected, atol=0, rtol=0, equal_nan=True)
+        numbers = ~expected.isnan()
+        assert torch.equal(torch.signbit(got[numbers]), torch.signbit(expected[numbers]))  # -0.0 as eager's
+        torch._dynamo.reset()
+    x = torch.randn(4096, dtype=torch.float64) * 100
+    check(lambda x, y: x // y, x, torch.rand(4096, dtype=torch.float64) * 2 - 1, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("f", [
+    lambda x, t: x.clamp(min=NAN), lambda x, t: x.clamp(max=NAN), lambda x, t: x.clamp(min=t),
+    lambda x, t: x.clamp(max=t), lambda x, t: torch.clamp(x, t, t + 1), lambda x, t: x.clamp(min=t[:1]),
+], ids=["min_nan", "max_nan", "min_tensor", "max_tensor", "both_tensors", "broadcast_bound"])
+def test_clamp_with_a_nan_bound_is_nan_as_in_eager(f):
+    x = torch.tensor([1.0, -2.0, NAN, 4.0])
+    t = torch.tensor([NAN, 0.0, 0.0, NAN])
+    check(f, x, t)
+
+
+def test_the_sign_of_nan_is_zero_as_in_eager():
+    x = torch.tensor([NAN, -1.0, 0.0, -0.0, 2.0, float("-inf")])
+    check(lambda x: x.sign() + x.sgn() * 2, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_division_by_minus_one_wraps_as_in_eager(dtype):
+    low = torch.iinfo(dtype).min
+    a = torch.tensor([low, 7, -7, low + 1], dtype=dtype)
+    b = torch.tensor([-1, -1, -1, -1], dtype=dtype)
+    check(lambda a, b: (a // b, a % b, torch.fmod(a, b)), a, b)
