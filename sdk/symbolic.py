@@ -229,6 +229,12 @@ class ExprPrinter:
             return self.symbol(e)
         if isinstance(e, FloorDiv):
             return self.floordiv(self.print(e.args[0]), self.print(e.args[1]))
+        if isinstance(e, (sympy.Add, sympy.Mul)) and _fractional(e):
+            # an exact quotient, such as a dynamic size split in halves (``s0/2``): the sum
+            # over its common denominator, divided once (a term rounded alone could be off)
+            numerator, denominator = sympy.fraction(sympy.together(e))
+            if denominator.is_Integer:
+                return self.floordiv(self.print(sympy.expand(numerator)), self.integer(int(denominator)))
         if isinstance(e, ModIdx):
             return self.mod(self.print(e.args[0]), self.print(e.args[1]))
         if isinstance(e, sympy.Add):
@@ -259,6 +265,12 @@ class ExprPrinter:
         if isinstance(e, sympy.Add):
             return text if text.startswith("(") else f"({text})"
         return text
+
+
+def _fractional(e: sympy.Expr) -> bool:
+    """Whether a term of ``e`` (a sum or a product) has a coefficient that is not an integer."""
+    terms = e.args if isinstance(e, sympy.Add) else (e,)
+    return any(not t.as_coeff_Mul()[0].is_Integer for t in terms)
 
 
 #: Size expressions Coil cannot spell in its own functions, each named by a symbol that the

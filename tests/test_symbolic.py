@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
 import sympy
+import torch
 from hypothesis import given, strategies as st
 
 from coil.symbolic import ExprPrinter, FloorDiv, ModIdx, simplify_index, sym
@@ -82,3 +84,18 @@ def test_folded_remainders_agree_numerically(b, n, x):
     from coil.symbolic import fold_divmod
     e = ModIdx(x1, b) + b * ModIdx(FloorDiv(x1, b), n)
     assert _evaluate(fold_divmod(e), {x1: x}) == _evaluate(e, {x1: x})
+
+
+@pytest.mark.parametrize("f", [
+    lambda a: a.view(-1, 2) * 2,
+    lambda a: a.view(-1, 2).t().sum(1),
+    lambda a: a.reshape(2, -1).t().contiguous(),
+], ids=["pairs", "pairs_transposed_sum", "halves_transposed"])
+def test_a_dynamic_size_split_by_a_constant(f):
+    """A dynamic dim split in two (``view(-1, 2)``) makes indices such as ``s0/2``: printed
+    as one division of the sum over its common denominator (they raised "cannot print index
+    expression 1/2"). Several sizes through one compiled function, as eager."""
+    compiled = torch.compile(f, backend="coil", dynamic=True)
+    for n in (6, 10, 34):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
