@@ -1,6 +1,7 @@
 """Eager's results at the edges of arithmetic, found by a hunt against eager (session 28):
 float floor division (from ``fmod``, as c10's ``div_floor_floating``, not ``floor(a / b)``),
-``clamp`` with a NaN bound (NaN, as eager), the sign of a NaN (0, as ATen's ``(0 < x) - (x <
+``clamp`` with a NaN bound (NaN, as eager; a NaN scalar bound is ignored by torch 2.11's
+eager and followed there too), the sign of a NaN (0, as ATen's ``(0 < x) - (x <
 0)``) and integer division by -1 (a wrapping negation: ``INT_MIN // -1`` trapped with SIGFPE
 in the C++ plugin and killed the process)."""
 from __future__ import annotations
