@@ -84,7 +84,7 @@ def test_unknown_option_lists_the_valid_ones():
 
 def test_environment_then_override_then_options(monkeypatch):
     backend = CppBackend()
-    assert backend.options.extra_cflags == "" and backend.options_key() == "autotune=True;extra_cflags='';streaming=True"
+    assert backend.options.extra_cflags == "" and backend.options_key() == "autotune=False;extra_cflags='';streaming=True"
     monkeypatch.setenv("COIL_CPU_CPP_EXTRA_CFLAGS", "-O2")
     config.reload_from_env()
     try:
@@ -133,7 +133,7 @@ def test_each_compile_sees_its_own_options(fresh_registry):
     with config.override(**{"probe.level": 7}):
         torch.compile(lambda x: x - 1, backend="coil")(x)
     assert probe.seen == [(3, True), (0, False), (7, False)]
-    assert probe.options_key() == "autotune=True;extra_cflags='';fast=False;level=0;streaming=True"  # sorted by field name
+    assert probe.options_key() == "autotune=False;extra_cflags='';fast=False;level=0;streaming=True"  # sorted by field name
     with pytest.raises(ConfigError, match="expected an integer"):
         config.validated({"probe.level": "high"})
     with pytest.raises(ConfigError, match="known options: probe.autotune, probe.extra_cflags, probe.fast, probe.level, probe.streaming"):

@@ -97,8 +97,9 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         #: with streaming (non-temporal) stores (:mod:`.streaming`).
         streaming: bool = True
         #: Compile a few schedules of each large kernel and keep the fastest, measured at its
-        #: first launch and cached (:mod:`.autotune`).
-        autotune: bool = True
+        #: first launch and cached (:mod:`.autotune`). Off by default: the variants' compile
+        #: and timing lengthen a cold first call (0.2-0.3 s a tuned kernel).
+        autotune: bool = False
 
     def __init__(self) -> None:
         # inplace_reductions: one thread runs a kept point's loops in order (the split

@@ -4,69 +4,48 @@
 // outer of the two is strided along the loop's vector lanes, which the compiler turns into a
 // gather per vector. transpose_tile copies the tile into a local array in the loop's order
 // instead: dst[i * ldd + j] = src[i + j * ld] for i < rows, j < cols. Blocks of 4-byte
-// elements go through registers, 16x16 with AVX-512 and 8x8 with AVX2 (the classic unpack /
-// shuffle / lane-permute sequences); the tile's ragged edges and other element sizes go element
-// by element. Included only by libraries whose kernels use it: <immintrin.h> alone adds about
-// 0.3 s to a library's compile (see coil_cpu.h's stream_line).
+// elements go through registers in 8x8 blocks (the classic unpack / shuffle / lane-permute
+// sequence of AVX): with AVX-512 too, where 16x16 blocks written the same way ran at half the
+// speed (GCC's generic shuffles on 512-bit vectors; `x + y.t()` of 1536x4096 float32, one
+// thread: 8x8 blocks 5.6-6.4 ms, 16x16 9.5-11.6, immintrin's 16x16 sequence 5.8-5.9, the
+// strided loads 9.0-9.8); the tile's ragged edges and other element sizes go element by
+// element. No <immintrin.h>: that header alone adds 0.2-0.3 s to a library's compile (see
+// coil_cpu.h's stream_line).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-
 namespace coil {
 
-#if defined(__AVX512F__)
-constexpr int64_t TRANSPOSE_BLOCK = 16;
-inline void transpose_block(const float* src, int64_t ld, float* dst, int64_t ldd) {
-  __m512 r[16], t[16];
-  for (int k = 0; k < 16; k++) r[k] = _mm512_loadu_ps(src + k * ld);
-  for (int k = 0; k < 8; k++) {
-    t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-  }
-  for (int k = 0; k < 4; k++)
-    for (int m = 0; m < 2; m++) {
-      __m512d a = _mm512_castps_pd(t[4 * k + m]), b = _mm512_castps_pd(t[4 * k + m + 2]);
-      r[4 * k + 2 * m] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-      r[4 * k + 2 * m + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    }
-  for (int k = 0; k < 2; k++)
-    for (int m = 0; m < 4; m++) {
-      t[8 * k + m] = _mm512_shuffle_f32x4(r[8 * k + m], r[8 * k + m + 4], 0x88);
-      t[8 * k + m + 4] = _mm512_shuffle_f32x4(r[8 * k + m], r[8 * k + m + 4], 0xdd);
-    }
-  for (int m = 0; m < 8; m++) {
-    r[m] = _mm512_shuffle_f32x4(t[m], t[m + 8], 0x88);
-    r[m + 8] = _mm512_shuffle_f32x4(t[m], t[m + 8], 0xdd);
-  }
-  for (int k = 0; k < 16; k++) _mm512_storeu_ps(dst + k * ldd, r[k]);
-}
-#elif defined(__AVX2__)
+// GCC's generic vector types and two-source shuffles, with constant masks that are the
+// unpack / 128-bit-lane shuffles of the classic sequence, which GCC emits as those
+// instructions (vunpcklps, vshufps, vperm2f128).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX2__)
 constexpr int64_t TRANSPOSE_BLOCK = 8;
+typedef float transpose_f8 __attribute__((vector_size(32)));
+typedef int transpose_i8 __attribute__((vector_size(32)));
 inline void transpose_block(const float* src, int64_t ld, float* dst, int64_t ldd) {
-  __m256 r[8], t[8], u[8];
-  for (int k = 0; k < 8; k++) r[k] = _mm256_loadu_ps(src + k * ld);
+  transpose_f8 r[8], t[8], u[8];
+  for (int k = 0; k < 8; k++) std::memcpy(&r[k], src + k * ld, 32);
   for (int k = 0; k < 4; k++) {
-    t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-    t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    t[2 * k] = __builtin_shuffle(r[2 * k], r[2 * k + 1], (transpose_i8){0, 8, 1, 9, 4, 12, 5, 13});
+    t[2 * k + 1] = __builtin_shuffle(r[2 * k], r[2 * k + 1], (transpose_i8){2, 10, 3, 11, 6, 14, 7, 15});
   }
   for (int k = 0; k < 2; k++)
     for (int m = 0; m < 2; m++) {
-      u[4 * k + 2 * m] = _mm256_shuffle_ps(t[4 * k + m], t[4 * k + m + 2], 0x44);
-      u[4 * k + 2 * m + 1] = _mm256_shuffle_ps(t[4 * k + m], t[4 * k + m + 2], 0xee);
+      u[4 * k + 2 * m] = __builtin_shuffle(t[4 * k + m], t[4 * k + m + 2], (transpose_i8){0, 1, 8, 9, 4, 5, 12, 13});
+      u[4 * k + 2 * m + 1] = __builtin_shuffle(t[4 * k + m], t[4 * k + m + 2], (transpose_i8){2, 3, 10, 11, 6, 7, 14, 15});
     }
   for (int m = 0; m < 4; m++) {
-    r[m] = _mm256_permute2f128_ps(u[m], u[m + 4], 0x20);
-    r[m + 4] = _mm256_permute2f128_ps(u[m], u[m + 4], 0x31);
+    r[m] = __builtin_shuffle(u[m], u[m + 4], (transpose_i8){0, 1, 2, 3, 8, 9, 10, 11});
+    r[m + 4] = __builtin_shuffle(u[m], u[m + 4], (transpose_i8){4, 5, 6, 7, 12, 13, 14, 15});
   }
-  for (int k = 0; k < 8; k++) _mm256_storeu_ps(dst + k * ldd, r[k]);
+  for (int k = 0; k < 8; k++) std::memcpy(dst + k * ldd, &r[k], 32);
 }
 #else
 constexpr int64_t TRANSPOSE_BLOCK = 0;
+inline void transpose_block(const float*, int64_t, float*, int64_t) {}
 #endif
 
 template <typename T>
