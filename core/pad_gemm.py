@@ -165,7 +165,7 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, pad_m: int, pad_k: i
         key = (t, tuple(widths))
         for user in t.users:
             if (user.target is aten.constant_pad_nd.default and user.args[0] is t
-                    and list(user.args[1]) == list(widths) and not user.args[2:]):
+                    and list(user.args[1]) == list(widths) and not user.args[2:] and _before(user, node)):
                 pads.setdefault(key, user)
         if key not in pads:
             after = t
@@ -201,6 +201,16 @@ def _rewrite(gm: torch.fx.GraphModule, node: torch.fx.Node, pad_m: int, pad_k: i
                and _transpose_arg(operand) is not None):  # the matrix transposed
             graph.erase_node(operand)
             operand = operand.args[0]
+
+
+def _before(a: torch.fx.Node, b: torch.fx.Node) -> bool:
+    """Whether ``a`` comes before ``b`` in their graph."""
+    n = a.next
+    while n.op != "root":
+        if n is b:
+            return True
+        n = n.next
+    return False
 
 
 def _target(x: torch.fx.Node, rows: int, cols: int) -> tuple[torch.fx.Node, tuple[int, ...], bool]:
