@@ -2,13 +2,15 @@
 float floor division (from ``fmod``, as c10's ``div_floor_floating``, not ``floor(a / b)``),
 ``clamp`` with a NaN bound (NaN, as eager; a NaN scalar bound is ignored by torch 2.11's
 eager and followed there too), the sign of a NaN (0, as ATen's ``(0 < x) - (x <
-0)``) and integer division by -1 (a wrapping negation: ``INT_MIN // -1`` trapped with SIGFPE
-in the C++ plugin and killed the process)."""
+0)``), integer division by -1 (a wrapping negation: ``INT_MIN // -1`` trapped with SIGFPE
+in the C++ plugin and killed the process) and by zero (eager's CPU kernels raise; the C++
+plugin returned 0)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
+from conftest import TEST_BACKEND
 from helpers import check
 
 NAN = float("nan")
@@ -55,3 +57,19 @@ def test_integer_division_by_minus_one_wraps_as_in_eager(dtype):
     a = torch.tensor([low, 7, -7, low + 1], dtype=dtype)
     b = torch.tensor([-1, -1, -1, -1], dtype=dtype)
     check(lambda a, b: (a // b, a % b, torch.fmod(a, b)), a, b)
+
+
+@pytest.mark.skipif(TEST_BACKEND != "cpu_cpp" or torch.get_default_device().type != "cpu",
+                    reason="eager raises on the CPU only; the C++ plugin's check")
+@pytest.mark.parametrize("f", [lambda a, b: a // b, lambda a, b: a % b, lambda a, b: torch.fmod(a, b) + 1,
+                               lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+                               lambda a, b: (a // b).sum()], ids=["floordiv", "remainder", "fmod", "trunc", "in_a_sum"])
+def test_integer_division_by_zero_raises_as_in_eager(f):
+    a, b = torch.tensor([7, -7, 3, 9]), torch.tensor([1, 2, 0, 3])
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        f(a, b)
+    compiled = torch.compile(f, backend="coil")
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        compiled(a, b)
+    b[2] = 5  # the same compiled graph, no zero: no error, eager's values (the flag was cleared)
+    torch.testing.assert_close(compiled(a, b), f(a, b))

@@ -30,9 +30,30 @@ class CompiledModule:
     #: kernel name -> {"key", "buffers", "functions": variant -> function in the library}.
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def check_division(self) -> None:
+        """Raise as eager does where the kernel just run divided an integer by zero."""
+        if self.lib.coil_take_division_by_zero():
+            raise RuntimeError("ZeroDivisionError")
+
+
+#: Reads and clears ``coil::division_by_zero`` (coil_cpu.h), in every library.
+TAKE_DIVISION_BY_ZERO = ('extern "C" int coil_take_division_by_zero() '
+                         "{ return __atomic_exchange_n(&coil::division_by_zero, 0, __ATOMIC_RELAXED); }")
+TAKE_DIVISION_BY_ZERO_DECL = "int coil_take_division_by_zero();"
+#: The integer ops that set it on a zero divisor.
+_INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
+
+
+def divides_integers(kernel: sdk.Kernel) -> bool:
+    """Whether ``kernel`` divides integer values (so may divide by zero)."""
+    bodies = [kn.body for loop in kernel.loops for kn in loop.nodes]
+    bodies += [b for b in (getattr(kernel.special, "body", None),) if isinstance(b, sdk.Value)]
+    return any(isinstance(v, sdk.Op) and v.name in _INTEGER_DIVISIONS and not v.dtype.is_floating_point
+               for body in bodies for v in sdk.walk(body))
+
 
 #: The form of :meth:`CppBackend.export_module`'s bytes; raise it when they change.
-EXPORT_FORMAT = "cpu_cpp-module-2"
+EXPORT_FORMAT = "cpu_cpp-module-3"
 
 
 # Convolution layout (prefers_channels_last). ATen's CPU convolutions (oneDNN), one thread,
@@ -146,8 +167,8 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         transposes = any("coil::transpose_tile" in body for body in bodies.values())
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
                             *(['#include "coil_transpose.h"'] if transposes else []),
-                            toolchain.vector_math_prelude(), "", *bodies.values()])
-        return source, list(decls.values()), per_kernel, functions, tuning
+                            toolchain.vector_math_prelude(), "", *bodies.values(), TAKE_DIVISION_BY_ZERO])
+        return source, [*decls.values(), TAKE_DIVISION_BY_ZERO_DECL], per_kernel, functions, tuning
 
     def _variants(self, k: sdk.Kernel) -> list[tuple[autotune.Variant, str, str]]:
         """(variant, source, declaration) of each distinct schedule of ``k`` to compile, the
@@ -246,7 +267,8 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)
         parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])
-        return f"{module_var}.{kernel.name}({', '.join(parts)})"
+        call = f"{module_var}.{kernel.name}({', '.join(parts)})"
+        return f"{call}; {module_var}.check_division()" if divides_integers(kernel) else call
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")

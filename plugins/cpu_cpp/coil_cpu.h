@@ -141,6 +141,12 @@ template <typename T> inline T row_select(bool c, T a, T b) {
   }
 }
 
+// Integer division by zero: eager raises "ZeroDivisionError"; a kernel returns 0 and sets
+// this flag, which the wrapper reads after each kernel that divides integers (see
+// backend.call_line) and raises as eager does. A relaxed atomic store: threads race to set it.
+inline int division_by_zero = 0;
+inline void divided_by_zero() { __atomic_store_n(&division_by_zero, 1, __ATOMIC_RELAXED); }
+
 // Integer division by -1 is a negation (wrapping, as eager's: INT_MIN // -1 == INT_MIN) and
 // never a division: INT_MIN / -1 traps (SIGFPE) on x86-64.
 template <typename T> inline bool minus_one(T b) {
@@ -155,7 +161,7 @@ template <typename T> inline T floordiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
     return std::floor(a / b);
   } else {
-    if (b == 0) return 0;
+    if (b == 0) { divided_by_zero(); return 0; }
     if (minus_one(b)) return negated(a);
     T q = a / b;
     if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1;
@@ -164,7 +170,8 @@ template <typename T> inline T floordiv(T a, T b) {
 }
 template <typename T> inline T truncdiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) return std::trunc(a / b);
-  else return b == 0 ? T(0) : minus_one(b) ? negated(a) : T(a / b);
+  else if (b == 0) { divided_by_zero(); return T(0); }
+  else return minus_one(b) ? negated(a) : T(a / b);
 }
 template <typename T> inline T remainder(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
@@ -172,7 +179,8 @@ template <typename T> inline T remainder(T a, T b) {
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
   } else {
-    if (b == 0 || minus_one(b)) return 0;
+    if (b == 0) { divided_by_zero(); return 0; }
+    if (minus_one(b)) return 0;
     T r = a % b;
     if (r != 0 && ((r < 0) != (b < 0))) r += b;
     return r;
@@ -180,7 +188,8 @@ template <typename T> inline T remainder(T a, T b) {
 }
 template <typename T> inline T fmod_(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) return std::fmod(a, b);
-  else return b == 0 || minus_one(b) ? T(0) : T(a % b);
+  else if (b == 0) { divided_by_zero(); return T(0); }
+  else return minus_one(b) ? T(0) : T(a % b);
 }
 // As ATen's: (0 < x) - (x < 0), so the sign of a NaN is 0.
 template <typename T> inline T sign(T x) {
