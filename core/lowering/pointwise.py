@@ -1,7 +1,6 @@
 """Lowerings of ATen's elementwise ops: type promotion, broadcasting, and one ``Op`` each."""
 from __future__ import annotations
 
-import functools
 import math
 
 from typing import Any, Sequence
@@ -270,14 +269,13 @@ def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None)
 def _maybe_nan(bound: Any) -> bool:
     if isinstance(bound, TensorValue):
         return bound.dtype.is_floating_point
-    return isinstance(bound, float) and math.isnan(bound) and _nan_scalar_bound_propagates()
+    return isinstance(bound, float) and math.isnan(bound) and NAN_SCALAR_BOUND_PROPAGATES
 
 
-@functools.cache
-def _nan_scalar_bound_propagates() -> bool:
-    """Whether eager's ``clamp`` returns NaN for a NaN scalar bound: torch 2.13 does, torch
-    2.11 ignores the bound (on the CPU and CUDA alike); asked of eager itself, once."""
-    return bool(torch.clamp(torch.zeros(1), min=float("nan")).isnan().item())
+#: Whether eager's ``clamp`` returns NaN for a NaN scalar bound: torch 2.13 does, torch 2.11
+#: ignores the bound (on the CPU and CUDA alike). Asked of eager itself when this module loads
+#: (outside any fake mode a compile may run under).
+NAN_SCALAR_BOUND_PROPAGATES = bool(torch.clamp(torch.zeros(1, device="cpu"), min=float("nan")).isnan().item())
 
 
 @lowering(aten.relu)
