@@ -144,7 +144,7 @@ def _copy_(ctx: LoweringContext, dst: TensorValue, src: TensorValue, non_blockin
     storage = ctx.buffers[dst.name].storage or dst.name
     store_index = dst.layout.index(idx)
     body = value.load(idx)
-    if _reads_elsewhere(ctx, body, storage, store_index) or _reads_written(ctx, body, storage):
+    if _source_first(ctx, body, storage, store_index):
         # ``x[1:].copy_(x[:-1] * 2)``: one loop writing x while reading other elements of it
         # would read what it already wrote; eager computes the source first, and so does this.
         # Likewise where the source reads another input this graph has already written
@@ -157,31 +157,21 @@ def _copy_(ctx: LoweringContext, dst: TensorValue, src: TensorValue, non_blockin
     return Realized(dst.dtype, dst.device, dst.size, name, dst.layout)
 
 
-def _reads_written(ctx: LoweringContext, body: ir.Value, storage: str) -> bool:
-    """Whether ``body`` loads the old value of a graph input other than ``storage`` that an
-    earlier node of the graph writes."""
+def _source_first(ctx: LoweringContext, body: ir.Value, storage: str, store_index: Expr) -> bool:
+    """Whether a write of ``body`` into ``storage`` must compute ``body`` into a buffer first:
+    it loads ``storage``'s memory (the buffer itself or one written into it) at any index but
+    ``store_index`` (a gather's index holds its data-dependent symbol, so it differs too), or
+    the old value of another graph input an earlier node of the graph writes."""
     written = {n.mutates for n in ctx.nodes if isinstance(n, ir.PointwiseNode) and n.mutates} - {storage}
-    if not written:
-        return False
-    for v in ir.walk(body):
-        if isinstance(v, ir.Load):
-            buf = ctx.buffers.get(v.buffer)
-            if v.buffer in written or (buf is not None and buf.storage in written):
-                return True
-    return False
-
-
-def _reads_elsewhere(ctx: LoweringContext, body: ir.Value, storage: str, store_index: Expr) -> bool:
-    """Whether ``body`` loads from the memory of ``storage`` (the buffer itself or one written
-    into it) at any index but ``store_index`` (a gather's index holds its data-dependent
-    symbol, so it differs too)."""
     for v in ir.walk(body):
         if not isinstance(v, ir.Load):
             continue
         buf = ctx.buffers.get(v.buffer)
-        if v.buffer != storage and (buf is None or buf.storage != storage):
-            continue
-        if v.index != store_index and sympy.expand(sympy.sympify(v.index) - store_index) != 0:
+        memory = buf.storage if buf is not None and buf.storage else v.buffer
+        if memory in written:
+            return True
+        if memory == storage and v.index != store_index \
+                and sympy.expand(sympy.sympify(v.index) - store_index) != 0:
             return True
     return False
 

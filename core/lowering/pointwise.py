@@ -275,7 +275,7 @@ def _maybe_nan(bound: Any) -> bool:
 #: Whether eager's ``clamp`` returns NaN for a NaN scalar bound: torch 2.13 does, torch 2.11
 #: ignores the bound (on the CPU and CUDA alike). Asked of eager itself when this module loads
 #: (outside any fake mode a compile may run under).
-NAN_SCALAR_BOUND_PROPAGATES = bool(torch.clamp(torch.zeros(1, device="cpu"), min=float("nan")).isnan().item())
+NAN_SCALAR_BOUND_PROPAGATES = bool(torch.clamp(torch.tensor(0.0), min=float("nan")).isnan().item())
 
 
 @lowering(aten.relu)

@@ -15,6 +15,7 @@ from coil.sdk.ir import Node
 
 from . import autotune, cpp, prepack, streaming, toolchain
 from .codegen import KernelWriter
+from .optable import integer_division
 
 
 @dataclass
@@ -40,16 +41,13 @@ class CompiledModule:
 TAKE_DIVISION_BY_ZERO = ('extern "C" int coil_take_division_by_zero() '
                          "{ return __atomic_exchange_n(&coil::division_by_zero, 0, __ATOMIC_RELAXED); }")
 TAKE_DIVISION_BY_ZERO_DECL = "int coil_take_division_by_zero();"
-#: The integer ops that set it on a zero divisor.
-_INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 
 
 def divides_integers(kernel: sdk.Kernel) -> bool:
     """Whether ``kernel`` divides integer values (so may divide by zero)."""
     bodies = [kn.body for loop in kernel.loops for kn in loop.nodes]
     bodies += [b for b in (getattr(kernel.special, "body", None),) if isinstance(b, sdk.Value)]
-    return any(isinstance(v, sdk.Op) and v.name in _INTEGER_DIVISIONS and not v.dtype.is_floating_point
-               for body in bodies for v in sdk.walk(body))
+    return any(integer_division(v) for body in bodies for v in sdk.walk(body))
 
 
 #: The form of :meth:`CppBackend.export_module`'s bytes; raise it when they change.

@@ -16,6 +16,8 @@ import torch
 from coil.sdk import Cast, Const, IndexValue, Indirect, Load, Loop, Masked, Op, Value
 from coil.sdk.codegen import ValueScope
 
+from .optable import integer_division
+
 if TYPE_CHECKING:
     from .codegen import KernelWriter
 
@@ -41,9 +43,6 @@ def invariance(kw: KernelWriter, loop_vars: set[sympy.Symbol], gathers: bool = F
     only indices the kernel reads; hoisted ahead of one loop, such a load would read an index
     that loop might not)."""
     return _Invariance(kw, loop_vars, gathers)
-
-
-_INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 
 
 def _hoist(kw: KernelWriter, bodies: list[Value], invariant: _Invariance, scope: ValueScope[str],
@@ -94,7 +93,7 @@ class _Invariance:
             return self.gathers and v.value is not None and self(v.value)
         if isinstance(v, IndexValue):
             return not self._on_r(v.expr)
-        if isinstance(v, Op) and v.name in _INTEGER_DIVISIONS and not v.dtype.is_floating_point:
+        if integer_division(v):
             return False
         if isinstance(v, (Op, Cast)):
             return all(self(c) for c in v.children())

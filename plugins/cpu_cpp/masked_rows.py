@@ -28,7 +28,7 @@ from coil.sdk import Cast, Const, IndexValue, Load, Masked, Op, Value, walk
 from coil.sdk.codegen import ValueScope
 
 from .hoist import invariance, unmasked
-from .optable import BUFFER_CTYPES, CTYPES, literal
+from .optable import BUFFER_CTYPES, CTYPES, integer_division, literal
 
 if TYPE_CHECKING:
     from .codegen import KernelWriter
@@ -46,10 +46,6 @@ class MaskedRow:
     loads: tuple[Load, ...]
     fills: tuple[str, ...]
     bare: bool
-
-
-#: Ops that may not run on a fill row's values (an integer division by zero traps).
-_UNSAFE_OPS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
 
 
 class MaskedRows:
@@ -91,7 +87,7 @@ class MaskedRows:
                 if not self._contiguous(x):
                     return None
                 loads.append(x)
-            elif isinstance(x, Op) and x.name in _UNSAFE_OPS and not x.dtype.is_floating_point:
+            elif integer_division(x):  # a fill row's values may divide by zero
                 return None
             elif not isinstance(x, (Op, Cast, Const, IndexValue)):
                 return None

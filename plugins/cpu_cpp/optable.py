@@ -6,6 +6,8 @@ from typing import Callable
 
 import torch
 
+from coil.sdk import Op, Value
+
 CTYPES: dict[torch.dtype, str] = {
     torch.float32: "float", torch.float64: "double", torch.bfloat16: "coil::bf16",
     torch.float16: "coil::fp16", torch.int8: "int8_t", torch.int16: "int16_t",
@@ -98,3 +100,13 @@ def literal(value: object, dtype: torch.dtype) -> str:
     if t == "double":
         return f"double({body})"
     return f"coil::cast<{t}>({body})"
+
+
+def integer_division(v: Value) -> bool:
+    """Whether ``v`` divides integers (``//``, ``%``, ``fmod``, truncating ``/``): a zero
+    divisor returns 0 and sets ``coil::division_by_zero`` (coil_cpu.h), so such an op is not
+    moved where it would not have run, and a kernel holding one is checked after it runs."""
+    return isinstance(v, Op) and v.name in _INTEGER_DIVISIONS and not v.dtype.is_floating_point
+
+
+_INTEGER_DIVISIONS = frozenset({"floordiv", "truncdiv", "remainder", "fmod"})
