@@ -63,7 +63,7 @@ BUDGET_S = 0.15
 #: A variant must beat the rule's schedule by this share to replace it (timing noise).
 MIN_GAIN = 0.03
 #: Enters every key: raise it when the variants or the stored form change.
-CACHE_FORMAT = "cpu-tune-1"
+CACHE_FORMAT = "cpu-tune-2"
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Variant:
 
 RULE = Variant("rule")
 VARIANTS = (RULE, Variant("no-streaming", streaming="off"), Variant("streaming", streaming="on"),
-            Variant("no-prefetch", prefetch=False), Variant("tile-32", tile=32))
+            Variant("no-prefetch", prefetch=False), Variant("tile-64", tile=64))
 
 
 def tunable(k: sdk.Kernel) -> bool:

@@ -22,7 +22,7 @@ from .half_nan import nan_low_half_clear
 from .hoist import hoist_row_invariants, unmasked
 from .masked_rows import MaskedRows
 from .tables import table_scope
-from .tiling import TILE, transpose_tiles
+from .tiling import TILE, stride_along, transpose_tiles
 from .optable import BUFFER_CTYPES, CTYPES, OPS, literal
 
 
@@ -187,7 +187,10 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
     def _tiled_pointwise(self, nodes: list[KernelNode], dim: int) -> None:
         """The loop nest over square tiles (``self.tile``) of kept dim ``dim`` and the innermost
         one (see :mod:`.tiling`): the other dims and the two tile loops are shared by the
-        threads, the two loops within a tile run inside, the innermost as a vector loop."""
+        threads, the two loops within a tile run inside, the innermost as a vector loop. A
+        full tile runs loops of constant length (whole vectors, no remainder), the tiles at
+        the ragged edges loops bounded by the sizes; where the sizes are known multiples of
+        the tile, only the first."""
         names, ranges = [v.name for v in self.k.x_vars], list(self.k.x_ranges)
         tiled = (dim, len(names) - 1)
         outer = [i for i in range(len(names)) if i not in tiled]
@@ -197,40 +200,63 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
                 stack.enter_context(self.w.block(for_header(names[i], ranges[i]), "}"))
             for i in tiled:
                 stack.enter_context(self.w.block(for_header(f"{names[i]}_tile", ranges[i], step=self.tile), "}"))
-            self._transposed_tiles(nodes, dim)
+            transposed = self._transposed_tiles(nodes, dim)
+            if all(ranges[i].is_Integer and int(ranges[i]) % self.tile == 0 for i in tiled):
+                self._tile(nodes, dim, transposed, full=True)
+                return
+            fits = " && ".join(f"{names[i]}_tile + {self.tile} <= {idx(ranges[i])}" for i in tiled)
+            with self.w.block(f"if ({fits}) {{", "}"):
+                self._tile(nodes, dim, transposed, full=True)
+            with self.w.block("else {", "}"):
+                self._tile(nodes, dim, transposed, full=False)
+
+    def _tile(self, nodes: list[KernelNode], dim: int, transposed: list[tuple[str, str, str, str]],
+              full: bool) -> None:
+        """One tile of :meth:`_tiled_pointwise`: its transposed copies, then its two loops
+        (``full``: of the tile's length; else up to the sizes)."""
+        names, ranges = [v.name for v in self.k.x_vars], list(self.k.x_ranges)
+        tiled = (dim, len(names) - 1)
+        extent = [str(self.tile) if full else f"std::min<int64_t>({self.tile}, {idx(ranges[i])} - {names[i]}_tile)"
+                  for i in tiled]
+        for ctype, local, start, stride in transposed:
+            self.w.line(f"alignas(64) {ctype} {local}[{self.tile}][{self.tile}];")
+            self.w.line(f"coil::transpose_tile(&{start}, {stride}, &{local}[0][0], {self.tile}, "
+                        f"{extent[0]}, {extent[1]});")
+        with contextlib.ExitStack() as stack:
             for i in tiled:
                 if i == tiled[-1]:
                     self.w.line("#pragma omp simd")
-                end = f"std::min<int64_t>({names[i]}_tile + {self.tile}, {idx(ranges[i])})"
+                end = (f"{names[i]}_tile + {self.tile}" if full else
+                       f"std::min<int64_t>({names[i]}_tile + {self.tile}, {idx(ranges[i])})")
                 stack.enter_context(self.w.block(for_header(names[i], end, start=f"{names[i]}_tile"), "}"))
             self.emit_nodes(nodes, ValueScope())
 
-    def _transposed_tiles(self, nodes: list[KernelNode], dim: int) -> None:
+    def _transposed_tiles(self, nodes: list[KernelNode], dim: int) -> list[tuple[str, str, str, str]]:
         """Inside a tile of :meth:`_tiled_pointwise`: each 4-byte tensor the tile reads along
         ``dim`` (unit stride) and across the innermost dim (stride S) is copied into a local
         tile in the loop's order (``coil::transpose_tile``, through registers: see
         ``coil_transpose.h``), and its loads read the local tile instead of gathering.
         Only loads outside masked bodies (they run at every point of the tile, so the tile
-        reads nothing the loop would not) and without data-dependent indices."""
+        reads nothing the loop would not) and without data-dependent indices. Returns each
+        copy's (element type, local, first element read, stride) for :meth:`_tile`."""
         x_dim, x_last = self.k.x_vars[dim], self.k.x_vars[-1]
         tile_of = {v: sympy.Symbol(f"{v.name}_tile", integer=True, nonnegative=True) for v in (x_dim, x_last)}
-        extent = {v: f"std::min<int64_t>({self.tile}, {idx(self.k.x_ranges[i])} - {v.name}_tile)"
-                  for i, v in ((dim, x_dim), (len(self.k.x_vars) - 1, x_last))}
+        out: list[tuple[str, str, str, str]] = []
         for kn in nodes:
             for v in unmasked(kn.body):
                 if (not isinstance(v, Load) or v.indirect or v.buffer in self.k.internal
                         or (v.buffer, v.index) in self.tile_loads or self.k.dtypes[v.buffer].itemsize != 4):
                     continue
                 e = sympy.sympify(v.index)
-                stride = sympy.diff(e, x_last)
-                if sympy.diff(e, x_dim) != 1 or not stride.is_Integer or int(stride) <= 1:
+                stride = stride_along(e, x_last, {*self.k.x_vars, *self.k.r_vars})
+                if sympy.diff(e, x_dim) != 1 or stride is None or (stride.is_number and stride <= 1):
                     continue
                 local = f"tt{len(self.tile_loads)}"
-                self.w.line(f"alignas(64) {self.ctype(v.buffer)} {local}[{self.tile}][{self.tile}];")
-                self.w.line(f"coil::transpose_tile(&{v.buffer}[{self.idx(e.xreplace(tile_of))}], {int(stride)}, "
-                            f"&{local}[0][0], {self.tile}, {extent[x_dim]}, {extent[x_last]});")
+                out.append((self.ctype(v.buffer), local, f"{v.buffer}[{self.idx(e.xreplace(tile_of))}]",
+                            self.idx(stride)))
                 self.tile_loads[(v.buffer, v.index)] = (
                     f"{local}[{x_dim.name} - {x_dim.name}_tile][{x_last.name} - {x_last.name}_tile]")
+        return out
 
     # -- nodes and values
 

@@ -4,13 +4,12 @@
 // outer of the two is strided along the loop's vector lanes, which the compiler turns into a
 // gather per vector. transpose_tile copies the tile into a local array in the loop's order
 // instead: dst[i * ldd + j] = src[i + j * ld] for i < rows, j < cols. Blocks of 4-byte
-// elements go through registers in 8x8 blocks (the classic unpack / shuffle / lane-permute
-// sequence of AVX): with AVX-512 too, where 16x16 blocks written the same way ran at half the
-// speed (GCC's generic shuffles on 512-bit vectors; `x + y.t()` of 1536x4096 float32, one
-// thread: 8x8 blocks 5.6-6.4 ms, 16x16 9.5-11.6, immintrin's 16x16 sequence 5.8-5.9, the
-// strided loads 9.0-9.8); the tile's ragged edges and other element sizes go element by
-// element. No <immintrin.h>: that header alone adds 0.2-0.3 s to a library's compile (see
-// coil_cpu.h's stream_line).
+// elements go through registers: 16x16 with AVX-512, 8x8 with AVX2 (the classic unpack /
+// shuffle / lane-permute sequence); the tile's ragged edges and other element sizes go
+// element by element. `x + y.t()` of 1536x4096 float32, one thread, a C++ harness: 16x16
+// blocks 5.8 ms, 8x8 6.1-6.3, the strided loads 9.0-9.8. No <immintrin.h>: that header alone
+// adds 0.2-0.3 s to a library's compile (see coil_cpu.h's stream_line); GCC's builtins for
+// the same instructions cost nothing to include.
 #pragma once
 
 #include <cstdint>
@@ -18,10 +17,56 @@
 
 namespace coil {
 
-// GCC's generic vector types and two-source shuffles, with constant masks that are the
-// unpack / 128-bit-lane shuffles of the classic sequence, which GCC emits as those
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+// AVX-512: 16x16 blocks, the unpack / 64-bit unpack / 128-bit-lane shuffle sequence written
+// with GCC's builtins for those instructions (what <immintrin.h>'s intrinsics expand to).
+// The vector types must be may_alias, and the loads and stores go through an aligned(1)
+// type, as the intrinsics' own types do: the same sequence on plain vector types with
+// memcpy'd rows ran at half the speed.
+constexpr int64_t TRANSPOSE_BLOCK = 16;
+typedef float transpose_f16 __attribute__((vector_size(64), may_alias));
+typedef float transpose_f16_u __attribute__((vector_size(64), may_alias, aligned(1)));
+typedef double transpose_d8 __attribute__((vector_size(64), may_alias));
+#define COIL_UNPACK_LO(a, b) __builtin_ia32_unpcklps512_mask((a), (b), (a), (unsigned short)-1)
+#define COIL_UNPACK_HI(a, b) __builtin_ia32_unpckhps512_mask((a), (b), (a), (unsigned short)-1)
+#define COIL_UNPACK_LO2(a, b) \
+  ((transpose_f16)__builtin_ia32_unpcklpd512_mask((transpose_d8)(a), (transpose_d8)(b), (transpose_d8)(a), (unsigned char)-1))
+#define COIL_UNPACK_HI2(a, b) \
+  ((transpose_f16)__builtin_ia32_unpckhpd512_mask((transpose_d8)(a), (transpose_d8)(b), (transpose_d8)(a), (unsigned char)-1))
+#define COIL_LANES(a, b, imm) __builtin_ia32_shuf_f32x4_mask((a), (b), (imm), (a), (unsigned short)-1)
+inline void transpose_block(const float* src, int64_t ld, float* dst, int64_t ldd) {
+  transpose_f16 r[16], t[16];
+  for (int k = 0; k < 16; k++) r[k] = *reinterpret_cast<const transpose_f16_u*>(src + k * ld);
+  for (int k = 0; k < 8; k++) {
+    t[2 * k] = COIL_UNPACK_LO(r[2 * k], r[2 * k + 1]);
+    t[2 * k + 1] = COIL_UNPACK_HI(r[2 * k], r[2 * k + 1]);
+  }
+  for (int k = 0; k < 4; k++) {
+    r[4 * k] = COIL_UNPACK_LO2(t[4 * k], t[4 * k + 2]);
+    r[4 * k + 1] = COIL_UNPACK_HI2(t[4 * k], t[4 * k + 2]);
+    r[4 * k + 2] = COIL_UNPACK_LO2(t[4 * k + 1], t[4 * k + 3]);
+    r[4 * k + 3] = COIL_UNPACK_HI2(t[4 * k + 1], t[4 * k + 3]);
+  }
+  for (int k = 0; k < 2; k++)
+    for (int m = 0; m < 4; m++) {
+      t[8 * k + m] = COIL_LANES(r[8 * k + m], r[8 * k + m + 4], 0x88);
+      t[8 * k + m + 4] = COIL_LANES(r[8 * k + m], r[8 * k + m + 4], 0xdd);
+    }
+  for (int m = 0; m < 8; m++) {
+    r[m] = COIL_LANES(t[m], t[m + 8], 0x88);
+    r[m + 8] = COIL_LANES(t[m], t[m + 8], 0xdd);
+  }
+  for (int k = 0; k < 16; k++) *reinterpret_cast<transpose_f16_u*>(dst + k * ldd) = r[k];
+}
+#undef COIL_UNPACK_LO
+#undef COIL_UNPACK_HI
+#undef COIL_UNPACK_LO2
+#undef COIL_UNPACK_HI2
+#undef COIL_LANES
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__AVX2__)
+// AVX2: 8x8 blocks, GCC's generic vector types and two-source shuffles, with constant masks
+// that are the unpack / 128-bit-lane shuffles of the same sequence, which GCC emits as those
 // instructions (vunpcklps, vshufps, vperm2f128).
-#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX2__)
 constexpr int64_t TRANSPOSE_BLOCK = 8;
 typedef float transpose_f8 __attribute__((vector_size(32)));
 typedef int transpose_i8 __attribute__((vector_size(32)));

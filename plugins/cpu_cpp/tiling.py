@@ -12,12 +12,14 @@ import sympy
 
 from coil.sdk import Kernel, Load, walk
 
-#: Tile side: 64 float rows of a strided tensor are 64 cache lines each way (a tile of each
-#: tensor 16 KiB, in L1 beside its neighbour's). With 4-byte tensors transposed through
-#: registers (``coil_transpose.h``), ``x + y.t()`` of 1536x4096 float32 took 6.6 ms with 64
-#: and 8.6 with 32 (AVX-512; AVX2 8.8 and 11.7; a C++ harness, one thread); reading the
-#: strided tensor element by element, 16, 32 and 64 measured the same.
-TILE = 64
+#: Tile side: 32 float rows of a strided tensor are 32 cache lines each way (a tile of each
+#: tensor 4 KiB, in L1 beside its neighbour's). A full tile runs loops of constant length and
+#: its transposed copy whole register blocks (``coil_transpose.h``). ``x + y.t()`` of
+#: 1536x4096 float32 in one process, Inductor beside it, 5 processes (session 29, AVX-512):
+#: tiles of 32 4.4-6.4 ms against Inductor's 5.6-6.1 with one thread, 2.1-3.0 against
+#: 2.8-3.0 with two; 64 and 16 were level or slower (before full tiles ran constant-length
+#: loops, tiles of 16 took 9.5 ms).
+TILE = 32
 #: Dims shorter than this are not tiled (a short row fits the cache either way).
 SHORT = 32
 
@@ -39,10 +41,11 @@ def transpose_tiles(k: Kernel, tile: int = TILE) -> Tiles | None:
     last = k.x_vars[-1]
     if _short(k.x_ranges[-1], tile):
         return None
+    loop_vars = {*k.x_vars, *k.r_vars}
     for e in _accesses(k):
         if _unit(e, last):
             continue
-        along_last = _diff(e, last)
+        along_last = stride_along(e, last, loop_vars)
         if along_last is None or along_last == 0:
             continue  # broadcast along the innermost dim (a bias per row): nothing strided
         for d, v in enumerate(k.x_vars[:-1]):
@@ -62,16 +65,23 @@ def _accesses(k: Kernel) -> list[sympy.Expr]:
     return out
 
 
-def _diff(e: sympy.Expr, v: sympy.Symbol) -> sympy.Expr | None:
+def stride_along(e: sympy.Expr, v: sympy.Symbol, loop_vars: set[sympy.Symbol]) -> sympy.Expr | None:
+    """The stride of index ``e`` along loop variable ``v``: a number, or an expression in the
+    sizes alone under dynamic shapes (``x0 + s1*x1`` along ``x1``: ``s1``); None where ``e``
+    is not linear in ``v`` with such a stride (floor divisions, products of loop variables)."""
     try:
         d = sympy.diff(e, v)
     except (TypeError, ValueError):
         return None
-    return d if d.is_number else None
+    if d.is_number:
+        return d
+    if d.has(sympy.Derivative) or not d.free_symbols.isdisjoint(loop_vars):
+        return None
+    return d
 
 
 def _unit(e: sympy.Expr, v: sympy.Symbol) -> bool:
-    return _diff(e, v) == 1
+    return stride_along(e, v, set()) == 1
 
 
 def _short(n: sympy.Expr, tile: int) -> bool:
