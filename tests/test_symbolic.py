@@ -99,3 +99,23 @@ def test_a_dynamic_size_split_by_a_constant(f):
     for n in (6, 10, 34):
         x = torch.randn(n)
         torch.testing.assert_close(compiled(x), f(x))
+
+
+@pytest.mark.parametrize("f", [
+    lambda a: (a.view(a.shape[0] // 2, 2, -1) * 2).sum(1),
+    lambda a: a.view(2, a.shape[0] // 2, -1).sum(0),
+    lambda a: a.view(a.shape[0] // 2, 2, -1).transpose(0, 1).contiguous(),
+], ids=["halves_summed", "two_halves", "halves_transposed"])
+def test_a_view_whose_inferred_dim_divides_by_a_floor_division(f):
+    """``view(s0 // 2, 2, -1)`` of an [s0, s1] tensor: the ``-1`` is ``s0*s1 / (2*(s0 // 2))``,
+    a fraction no index can hold (it raised "cannot print index expression 1/2"); it is now
+    the exact integer quotient. Several sizes, forward and gradient, as eager."""
+    compiled = torch.compile(f, backend="coil", dynamic=True)
+    for n in (8, 12, 20):
+        x = torch.randn(n, 6, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        got, want = compiled(x), f(y)
+        torch.testing.assert_close(got, want)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        torch.testing.assert_close(x.grad, y.grad)

@@ -196,12 +196,22 @@ def _smaller(a: Expr, b: Expr) -> bool:
     return not q.is_number or q > 1
 
 
+def _inferred(numel: Expr, known: Expr) -> Expr:
+    """The size of a view's ``-1`` dim: ``numel / known`` where that cancels to a polynomial
+    (``s0*s1 / s0``: ``s1``), else the exact integer quotient (``view(s0 // 2, 2, -1)`` of an
+    [s0, s1] tensor: ``s0*s1 // (2*(s0 // 2))``, which is s1 wherever the view is valid, as
+    eager and the guards check, but cancels to a fraction that no index can hold)."""
+    q = sympy.cancel(numel / known)
+    _, denominator = sympy.fraction(q)
+    return q if denominator == 1 else FloorDiv(numel, known)
+
+
 def reshape(v: TensorValue, shape: Sequence[Any]) -> TensorValue:
     new = [to_sympy(s) for s in shape]
     numel = ir.sympy_product(v.size)
     if any(s == -1 for s in new):
         known = ir.sympy_product([s for s in new if s != -1])
-        new = [sympy.cancel(numel / known) if s == -1 else s for s in new]
+        new = [_inferred(numel, known) if s == -1 else s for s in new]
     if tuple(new) == tuple(v.size):
         return v
     groups = _groups(list(v.size), new)
