@@ -102,6 +102,12 @@ class Capabilities:
     #: ``addmm`` copies the bias over its output before the product, a pass of its own (SDK
     #: 1.8.0). Default True.
     gemm_bias_epilogue: bool = True
+    #: Whether a float32 cumulative sum or product (``cumsum``, ``cumprod``) carries its running
+    #: value in float64, as eager's CPU kernels do (their accumulator is a double: a float32
+    #: running sum of ones stops at 2**24, and over rows of 3000 drifts 27x further from the
+    #: exact sums than eager's). False: in float32, as eager's CUDA kernels (SDK 1.9.0).
+    #: Default False.
+    float32_scans_in_float64: bool = False
     #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
     #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.

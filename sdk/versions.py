@@ -256,6 +256,11 @@ HISTORY: tuple[Release, ...] = (
                "a float32 or float64 addmm with a 1-D bias as aten.mm plus a pointwise add of "
                "the bias, which fuses into the kernel that reads the product"),
     )),
+    Release("1.9.0", (
+        Change("Capabilities.float32_scans_in_float64 (default False): True makes the core "
+               "carry a float32 cumsum's or cumprod's running value in float64, as eager's "
+               "CPU kernels do"),
+    )),
 )
 
 #: The API version this Coil provides.

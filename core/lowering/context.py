@@ -170,6 +170,13 @@ def require_capability(device: torch.device, feature: str, op: str) -> None:
         raise LoweringError(op, f"the {device.type} backend declares {feature}=False")
 
 
+def capability(device: torch.device, feature: str, default: Any) -> Any:
+    """The value of ``feature`` in the ``Capabilities`` of the backend serving ``device``;
+    ``default`` where no backend serves it."""
+    backend = plugins.registry().backends.get(device.type)
+    return default if backend is None else getattr(backend.capabilities, feature, default)
+
+
 def require_api(device: torch.device, version: tuple[int, int, int], op: str) -> None:
     """Raise ``LoweringError`` when the plugin serving ``device`` declares an SDK version
     before ``version``: it was written before the core generated this op for it."""

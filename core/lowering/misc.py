@@ -10,7 +10,7 @@ import torch
 from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
-from .context import LoweringContext, layout_from_meta, require_capability, split_unit_dims
+from .context import LoweringContext, capability, layout_from_meta, require_capability, split_unit_dims
 from .pointwise import _where, check_dtype, compute_dtype, pointwise
 from .registry import lowering
 from .values import Realized, TensorValue, broadcast_to, cast, const, lazy, to_dtype, to_sympy
@@ -255,6 +255,8 @@ def _scan(ctx: LoweringContext, x: TensorValue, dim: int, *, dtype: torch.dtype 
         return copy_of(x, out)
     dim = dim % x.ndim
     acc = compute_dtype(out)
+    if acc == torch.float32 and out == torch.float32 and capability(x.device, "float32_scans_in_float64", False):
+        acc = torch.float64  # eager's CPU scans keep a double running value
     layout = layout_from_meta(meta) or ir.Layout(out, x.device, x.size, ir.contiguous_strides(x.size))
     ranges: list[Expr] = []
     idx: list[Expr] = []

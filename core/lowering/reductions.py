@@ -51,6 +51,10 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
     dims = list(dims)
     if x.ndim == 0:
         dims = []
+    if rtype in ("max", "min", "argmax", "argmin") and any(x.size[d] == 0 for d in dims):
+        # eager raises ("Expected reduction dim ... to have non-zero size"): the library call
+        # will, where a loop would return its identity (-inf, and -1 for the index)
+        raise LoweringError(ctx.origin, f"{rtype} over an empty dim has no value")
     out_size = tuple(sympy.Integer(1) if i in dims else n for i, n in enumerate(x.size)) if keepdim \
         else tuple(n for i, n in enumerate(x.size) if i not in dims)
     if layout is None or tuple(layout.size) != out_size or layout.dtype != out_dtype:
@@ -136,14 +140,17 @@ def _one_hot_sum(ctx: LoweringContext, x: TensorValue, body: ir.Value, full_idx:
 def _trivial_reduction(ctx: LoweringContext, x: TensorValue, full_idx: list[Expr], out_idx: list[Expr],
                        ranges: tuple[Expr, ...], rtype: str, layout: Layout,
                        out_size: tuple[Expr, ...]) -> list[Realized]:
-    """A reduction over one element per output: the element itself (0 for arg-reductions, a
-    zero sum of squares for Welford)."""
+    """A reduction over one element per output: the element itself (0 for arg-reductions; for
+    Welford a sum of squares of ``(x - x)**2``, 0 for a finite element and NaN for inf or NaN,
+    as eager's variance of one element with correction 0)."""
     value = x.load(full_idx)
     if rtype in ("argmax", "argmin"):
         bodies = [ir.Const(torch.int64, value=0)]
     elif rtype == "welford":
         acc = compute_dtype(layout.dtype)
-        bodies = [cast(value, acc), ir.Const(acc, value=0.0)]
+        v = cast(value, acc)
+        deviation = ir.Op(acc, name="sub", args=(v, v))
+        bodies = [v, ir.Op(acc, name="mul", args=(deviation, deviation))]
     else:
         bodies = [value]
     outs = []
@@ -175,7 +182,10 @@ def _simple(rtype: str):
         src = x
         if dtype is not None and rtype in ("sum", "prod"):
             src = to_dtype(x, dtype)
-        return reduce(ctx, src, _dims(x, dim), keepdim, rtype, out, _meta_layout(ctx))[0]
+        dims = _dims(x, dim)
+        if rtype in ("any", "all") and isinstance(dim, (list, tuple)) and not dim:
+            dims = []  # any/all over dim=() reduce nothing (sum, amax and mean over () reduce all)
+        return reduce(ctx, src, dims, keepdim, rtype, out, _meta_layout(ctx))[0]
     return lower
 
 

@@ -126,7 +126,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         # is not kept in an output that overwrites an input read later (stash.py)
         self.capabilities = sdk.Capabilities(vector_width=16, random=True, inplace_reductions=True,
                                              conv_channels_last=True, depthwise_conv=True,
-                                             gemm_bias_epilogue=False,
+                                             gemm_bias_epilogue=False, float32_scans_in_float64=True,
                                              template_dialects=frozenset({"cpp"}),
                                              compiler=os.environ.get("CXX", "g++"))
 

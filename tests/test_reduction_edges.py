@@ -1,0 +1,58 @@
+"""Reductions and scans at their edges, as eager computes them (found by a hunt against eager,
+session 29): a float32 cumulative sum or product on the CPU carries a double running value
+(eager's CPU kernels do; Coil's float32 one stopped counting at 2**24), ``max``/``min`` over an
+empty dim raise (Coil returned -inf and index -1), the variance of one element is NaN when the
+element is inf or NaN (Coil gave 0), and ``any``/``all`` over ``dim=()`` reduce nothing (Coil,
+as Inductor, reduced every dim)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TEST_BACKEND
+from helpers import check
+
+NAN, INF = float("nan"), float("inf")
+ON_THE_CPU = TEST_BACKEND == "cpu_cpp" and torch.get_default_device().type == "cpu"
+
+
+@pytest.mark.skipif(not ON_THE_CPU, reason="eager's CPU scans run in double; its CUDA ones in float")
+@pytest.mark.parametrize("f", [lambda x: torch.cumsum(x, 1), lambda x: torch.cumprod(x, 1),
+                               lambda x: torch.cumsum(x.t(), 0)], ids=["cumsum", "cumprod", "cumsum_dim0"])
+def test_a_float32_scan_keeps_a_double_running_value_as_eager_on_the_cpu(f):
+    x = torch.randn(5, 3000) * 2 + 1
+    if "cumprod" in f.__code__.co_names:
+        x = 1 + x / 3000
+    check(f, x, atol=0, rtol=0)
+    ones = torch.ones(1, 2**24 + 8)
+    got = torch.compile(lambda x: torch.cumsum(x, 1)[:, -1], backend="coil")(ones)
+    assert got.item() == 2**24 + 8  # a float32 running sum stops at 2**24
+
+
+@pytest.mark.parametrize("f", [lambda x: x.max(1), lambda x: x.min(1), lambda x: x.max(),
+                               lambda x: x.min(), lambda x: x.argmax(1)],
+                         ids=["max_dim", "min_dim", "max", "min", "argmax"])
+def test_max_and_min_over_an_empty_dim_raise_as_in_eager(f):
+    x = torch.randn(4, 0)
+    with pytest.raises((IndexError, RuntimeError)):
+        f(x)
+    with pytest.raises((IndexError, RuntimeError), match="non-zero size|numel\\(\\) == 0"):
+        torch.compile(f, backend="coil")(x)
+
+
+@pytest.mark.parametrize("f", [lambda x: x.var(1, correction=0), lambda x: x.std(1, correction=0),
+                               lambda x: torch.var_mean(x, 1, correction=0),
+                               lambda x: x[2:3].var(correction=0)],
+                         ids=["var", "std", "var_mean", "one_element"])
+def test_the_variance_of_one_inf_or_nan_element_is_nan_as_in_eager(f):
+    x = torch.tensor([[1.0], [INF], [NAN], [-INF]])
+    check(f, x)
+
+
+@pytest.mark.parametrize("f", [lambda x: torch.any(x, dim=()), lambda x: torch.all(x, dim=()),
+                               lambda x: torch.any(x, dim=(), keepdim=True)],
+                         ids=["any", "all", "any_keepdim"])
+def test_any_and_all_over_no_dims_reduce_nothing_as_in_eager(f):
+    x = torch.tensor([[1.0, 0.0], [0.0, NAN]])
+    check(f, x)
+    check(f, x > 0)
