@@ -157,6 +157,20 @@ template <typename T> inline T negated(T a) {
   using U = std::make_unsigned_t<T>;
   return T(U(0) - U(a));
 }
+// Shifts as eager's CPU kernels: a count below 0, or at least the type's width (right: its
+// width less the sign bit), shifts every bit out (left: 0; right: 0, or -1 for a negative
+// value), where C++ leaves it undefined (x86 masks the count: `a >> 32` of an int32 gave a).
+template <typename T> inline T shift_left(T a, T b) {
+  const int64_t n = static_cast<int64_t>(static_cast<std::make_signed_t<T>>(b));
+  return (n < 0 || n >= int64_t(sizeof(T) * 8)) ? T(0)
+                                                : static_cast<T>(static_cast<std::make_unsigned_t<T>>(a) << n);
+}
+template <typename T> inline T shift_right(T a, T b) {
+  const int64_t n = static_cast<int64_t>(static_cast<std::make_signed_t<T>>(b));
+  if (n < 0 || n >= int64_t(sizeof(T) * 8) - int64_t(std::is_signed_v<T>)) return (std::is_signed_v<T> && a < 0) ? T(-1) : T(0);
+  return static_cast<T>(a >> n);
+}
+
 template <typename T> inline T floordiv(T a, T b) {
   if constexpr (std::is_floating_point_v<T>) {
     return std::floor(a / b);

@@ -69,7 +69,7 @@ OPS: dict[str, Spelling] = {
     "logical_xor": lambda a, t: f"(bool({a[0]}) != bool({a[1]}))", "logical_not": lambda a, t: f"(!{a[0]})",
     "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
     "bitwise_not": lambda a, t: f"(!{a[0]})" if t == "bool" else f"(~{a[0]})",
-    "lshift": _infix("<<"), "rshift": _infix(">>"),
+    "lshift": _tcall("coil::shift_left"), "rshift": _tcall("coil::shift_right"),
     "where": lambda a, t: f"({a[0]} ? {a[1]} : {a[2]})",
     "rand": _call("coil::philox_rand"), "randn": _call("coil::philox_randn"),
 }
