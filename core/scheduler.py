@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 import sympy
+import torch
 
 from . import collectives, config, ir
 from .fusion_pairs import fusion_pairs, tiny
@@ -83,6 +84,11 @@ def _combine(a: tuple[tuple, tuple], b: tuple[tuple, tuple]) -> tuple[tuple, tup
     return None
 
 
+#: Library calls run for their effect alone: a check that raises as eager does (one_hot's
+#: class range, decompositions' ``_assert_async``); nothing reads what they return.
+_CHECKS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg})
+
+
 def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
     needed = {o.name for o in graph.outputs if o.name}
     for o in graph.outputs:
@@ -91,7 +97,8 @@ def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
     kept: list[ir.Node] = []
     for node in reversed(graph.nodes):
         mutation = isinstance(node, ir.PointwiseNode) and node.mutates
-        if mutation or any(out in needed for out in node.outputs()):
+        check = isinstance(node, ir.ExternNode) and node.op in _CHECKS
+        if mutation or check or any(out in needed for out in node.outputs()):
             kept.append(node)
             needed |= node.reads()
             if isinstance(node, ir.ExternNode):

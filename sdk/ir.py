@@ -77,12 +77,18 @@ class IndexValue(Value):
 
 @dataclass(frozen=True)
 class Indirect(Value):
-    """A data-dependent index: ``value`` (an integer Value) wrapped into ``[0, size)`` the way
-    Python wraps negative indices. Appears as ``symbol`` inside index expressions."""
+    """A data-dependent index: ``value`` (an integer Value), a negative one counted from the
+    end the way Python's indexing does where ``wrap`` (``x[idx]``, ``index_put``, ``take``);
+    where not (``gather``, ``scatter``, ``index_select``, ``embedding``), a negative value is
+    out of range, as eager has it. Appears as ``symbol`` inside index expressions. An index
+    outside ``[0, size)`` (after wrapping) is an error eager raises: a backend must not read
+    or write through it, and should report it (the C++ plugin raises ``IndexError`` after
+    the kernel; SDK 1.9.0)."""
 
     symbol: sympy.Symbol = sympy.Symbol("ind")
     value: Value | None = None
     size: Expr = sympy.Integer(1)
+    wrap: bool = True
 
     def children(self) -> tuple[Value, ...]:
         return (self.value,) if self.value is not None else ()

@@ -260,6 +260,10 @@ HISTORY: tuple[Release, ...] = (
         Change("Capabilities.float32_scans_in_float64 (default False): True makes the core "
                "carry a float32 cumsum's or cumprod's running value in float64, as eager's "
                "CPU kernels do"),
+        Change("Indirect.wrap (default True): False where a negative index is out of range, as "
+               "eager has it for gather, scatter, index_select and embedding; an index outside "
+               "[0, size) after wrapping is an error a backend must not read or write through, "
+               "and should report (the C++ plugin raises IndexError after the kernel)"),
     )),
 )
 

@@ -23,9 +23,11 @@ from .views import unsqueeze
 aten = torch.ops.aten
 
 
-def indirect(ctx: LoweringContext, index: ir.Value, size: Expr) -> ir.Indirect:
+def indirect(ctx: LoweringContext, index: ir.Value, size: Expr, wrap: bool = True) -> ir.Indirect:
+    """``index`` (a Value) as an index into a dim of ``size``; ``wrap``: a negative one counts
+    from the end, as Python's indexing (else eager rejects it, as out of range)."""
     symbol = sympy.Symbol(ctx.new_name("ind"), integer=True)
-    return ir.Indirect(torch.int64, symbol=symbol, value=cast(index, torch.int64), size=size)
+    return ir.Indirect(torch.int64, symbol=symbol, value=cast(index, torch.int64), size=size, wrap=wrap)
 
 
 def load_indirect(x: Realized, src: Sequence[Expr], inds: Sequence[ir.Indirect]) -> ir.Value:
@@ -68,6 +70,9 @@ class AdvancedIndex:
     after: list[int]
     b_start: int
     size: list[Expr]
+    #: Whether negative indices count from the end (``x[idx]``); index_select and embedding,
+    #: lowered through it, reject them as eager does.
+    wrap: bool = True
 
     def source(self, ctx: LoweringContext, x: TensorValue, idx: Sequence[Expr]
                ) -> tuple[list[Expr], list[ir.Indirect]]:
@@ -80,7 +85,7 @@ class AdvancedIndex:
             src[d] = idx[self.b_start + nb + k]
         inds = []
         for d, t in self.tensors.items():
-            ind = indirect(ctx, t.load(list(idx[self.b_start:self.b_start + nb])), x.size[d])
+            ind = indirect(ctx, t.load(list(idx[self.b_start:self.b_start + nb])), x.size[d], self.wrap)
             inds.append(ind)
             src[d] = ind.symbol
         return src, inds
@@ -106,12 +111,14 @@ def advanced_index(ctx: LoweringContext, x: TensorValue,
 
 
 @lowering(aten.index.Tensor)
-def _index(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None]) -> TensorValue:
+def _index(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None],
+           wrap: bool = True) -> TensorValue:
     x = ctx.realize(x)
     check_dtype(x.dtype, ctx.origin)
     plan = advanced_index(ctx, x, indices)
     if plan is None:
         return x
+    plan.wrap = wrap
 
     def fn(idx: list[Expr]) -> ir.Value:
         src, inds = plan.source(ctx, x, idx)
@@ -127,13 +134,13 @@ def _index_select(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorV
         raise LoweringError(ctx.origin, "index_select of a 0-dim tensor")
     if index.ndim == 0:
         index = unsqueeze(index, 0)
-    return _index(ctx, x, [None] * dim + [index])
+    return _index(ctx, x, [None] * dim + [index], wrap=False)
 
 
 @lowering(aten.embedding.default)
 def _embedding(ctx: LoweringContext, weight: TensorValue, indices: TensorValue, padding_idx: int = -1,
                scale_grad_by_freq: bool = False, sparse: bool = False) -> TensorValue:
-    return _index(ctx, weight, [indices])
+    return _index(ctx, weight, [indices], wrap=False)
 
 
 @lowering(aten.gather.default)
@@ -148,13 +155,13 @@ def _gather(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorValue,
         ir.op_count(x.load(list(x.size))) <= ctx.config.realize_opcount_threshold
     if not inline:
         x = ctx.realize(x)
-    if x.ndim == 0:
-        return lazy(x.dtype, x.device, index.size, lambda idx: x.load([]))
+    if x.ndim == 0:  # every index must be 0 (eager raises otherwise): the library checks
+        raise LoweringError(ctx.origin, "gather from a 0-dim tensor")
     dim = dim % x.ndim
     realized: list[Realized] = []
 
     def fn(idx: list[Expr]) -> ir.Value:
-        ind = indirect(ctx, index.load(idx), x.size[dim])
+        ind = indirect(ctx, index.load(idx), x.size[dim], wrap=False)
         src = list(idx)
         src[dim] = ind.symbol
         if inline and not realized:
@@ -198,7 +205,7 @@ def _scatter_dim(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorVa
     dim = dim % x.ndim
 
     def target(s: list[Expr]) -> tuple[list[Expr], list[ir.Indirect]]:
-        ind = indirect(ctx, index.load(s), x.size[dim])
+        ind = indirect(ctx, index.load(s), x.size[dim], wrap=False)
         dst = list(s)
         dst[dim] = ind.symbol
         return dst, [ind]
@@ -239,8 +246,10 @@ def _one_per_line(ctx: LoweringContext, x: TensorValue, dim: int, index: TensorV
     def fn(idx: list[Expr]) -> ir.Value:
         line = list(idx)
         line[dim] = sympy.Integer(0)
+        # the line's index as an Indirect used as a value: checked against the dim's size
+        # (eager raises for one outside it, which no element would match)
         hit = ir.Op(torch.bool, name="eq", args=(ir.IndexValue(torch.int64, expr=idx[dim]),
-                                                 cast(index.load(line), torch.int64)))
+                                                 indirect(ctx, index.load(line), x.size[dim], wrap=False)))
         value = src.load(line) if isinstance(src, TensorValue) else const(src, dtype)
         return ir.Op(dtype, name="where", args=(hit, cast(value, dtype), x.load(idx)))
 

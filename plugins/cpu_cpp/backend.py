@@ -31,27 +31,43 @@ class CompiledModule:
     #: kernel name -> {"key", "buffers", "functions": variant -> function in the library}.
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def check_division(self) -> None:
-        """Raise as eager does where the kernel just run divided an integer by zero."""
-        if self.lib.coil_take_division_by_zero():
+    def check_errors(self) -> None:
+        """Raise as eager does where the kernel just run divided an integer by zero or used
+        an index outside its dim (``coil::kernel_error``, coil_cpu.h)."""
+        error = self.lib.coil_take_kernel_error()
+        if error & 2:
+            raise KernelIndexError("index out of bounds: a compiled kernel read or wrote through an "
+                                   "index outside its dim (eager raises here too)")
+        if error & 1:
             raise RuntimeError("ZeroDivisionError")
 
 
-#: Reads and clears ``coil::division_by_zero`` (coil_cpu.h), in every library.
-TAKE_DIVISION_BY_ZERO = ('extern "C" int coil_take_division_by_zero() '
-                         "{ return __atomic_exchange_n(&coil::division_by_zero, 0, __ATOMIC_RELAXED); }")
-TAKE_DIVISION_BY_ZERO_DECL = "int coil_take_division_by_zero();"
+class KernelIndexError(IndexError, RuntimeError):
+    """An index out of its dim's range, found by a kernel. Eager raises IndexError for some
+    ops (``index_select``, ``x[idx]``) and RuntimeError for others (``gather``, ``scatter``):
+    this is both."""
 
 
-def divides_integers(kernel: sdk.Kernel) -> bool:
-    """Whether ``kernel`` divides integer values (so may divide by zero)."""
+#: Reads and clears ``coil::kernel_error`` (coil_cpu.h), in every library.
+TAKE_KERNEL_ERROR = ('extern "C" int coil_take_kernel_error() '
+                     "{ return __atomic_exchange_n(&coil::kernel_error, 0, __ATOMIC_RELAXED); }")
+TAKE_KERNEL_ERROR_DECL = "int coil_take_kernel_error();"
+
+
+def may_raise(kernel: sdk.Kernel) -> bool:
+    """Whether ``kernel`` divides integer values (so may divide by zero) or indexes through
+    values read from memory (so may meet an index out of range)."""
     bodies = [kn.body for loop in kernel.loops for kn in loop.nodes]
-    bodies += [b for b in (getattr(kernel.special, "body", None),) if isinstance(b, sdk.Value)]
-    return any(integer_division(v) for body in bodies for v in sdk.walk(body))
+    special = kernel.special
+    bodies += [b for b in (getattr(special, "body", None), getattr(special, "value", None))
+               if isinstance(b, sdk.Value)]
+    if isinstance(special, sdk.ScatterNode) and special.target_indirect:
+        return True
+    return any(integer_division(v) or isinstance(v, sdk.Indirect) for body in bodies for v in sdk.walk(body))
 
 
 #: The form of :meth:`CppBackend.export_module`'s bytes; raise it when they change.
-EXPORT_FORMAT = "cpu_cpp-module-3"
+EXPORT_FORMAT = "cpu_cpp-module-4"
 
 
 # Convolution layout (prefers_channels_last). ATen's CPU convolutions (oneDNN), one thread,
@@ -165,8 +181,8 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         transposes = any("coil::transpose_tile" in body for body in bodies.values())
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
                             *(['#include "coil_transpose.h"'] if transposes else []),
-                            toolchain.vector_math_prelude(), "", *bodies.values(), TAKE_DIVISION_BY_ZERO])
-        return source, [*decls.values(), TAKE_DIVISION_BY_ZERO_DECL], per_kernel, functions, tuning
+                            toolchain.vector_math_prelude(), "", *bodies.values(), TAKE_KERNEL_ERROR])
+        return source, [*decls.values(), TAKE_KERNEL_ERROR_DECL], per_kernel, functions, tuning
 
     def _variants(self, k: sdk.Kernel) -> list[tuple[autotune.Variant, str, str]]:
         """(variant, source, declaration) of each distinct schedule of ``k`` to compile, the
@@ -266,7 +282,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         n_buffers = len(kernel.inputs) + len(kernel.outputs)
         parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])
         call = f"{module_var}.{kernel.name}({', '.join(parts)})"
-        return f"{call}; {module_var}.check_division()" if divides_integers(kernel) else call
+        return f"{call}; {module_var}.check_errors()" if may_raise(kernel) else call
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")

@@ -346,10 +346,16 @@ class KernelWriter(ValueVisitor[ValueScope[str], str]):
         return OPS[v.name](args, operand_t)
 
     def _indirect(self, v: Indirect, scope: ValueScope[str]) -> str:
+        """The index, a negative one counted from the end where ``v.wrap``; one outside
+        ``[0, size)`` sets ``coil::INDEX_OUT_OF_BOUNDS`` (raised after the kernel, as eager
+        raises) and reads or writes element 0 instead, never memory outside the buffer."""
         raw = self.value(v.value, scope)  # type: ignore[arg-type]
-        name = v.symbol.name
+        name, size = v.symbol.name, self.idx(v.size)
         self.w.line(f"int64_t {name} = {raw};")
-        self.w.line(f"{name} = {name} < 0 ? {name} + {self.idx(v.size)} : {name};")
+        if v.wrap:
+            self.w.line(f"{name} = {name} < 0 ? {name} + {size} : {name};")
+        self.w.line(f"if (__builtin_expect(static_cast<uint64_t>({name}) >= static_cast<uint64_t>({size}), 0)) "
+                    f"{name} = coil::index_out_of_bounds();")
         scope[v] = name
         return name
 

@@ -141,11 +141,19 @@ template <typename T> inline T row_select(bool c, T a, T b) {
   }
 }
 
-// Integer division by zero: eager raises "ZeroDivisionError"; a kernel returns 0 and sets
-// this flag, which the wrapper reads after each kernel that divides integers (see
-// backend.call_line) and raises as eager does. A relaxed atomic store: threads race to set it.
-inline int division_by_zero = 0;
-inline void divided_by_zero() { __atomic_store_n(&division_by_zero, 1, __ATOMIC_RELAXED); }
+// Errors eager raises from inside its kernels, as bits of one flag that the wrapper reads
+// (and clears) after each kernel that can set it (see backend.call_line), raising as eager
+// does. Relaxed atomic ORs: threads race to set it.
+// Integer division by zero: eager raises "ZeroDivisionError"; a kernel returns 0.
+// An index read or written through outside its dim: eager raises IndexError; a kernel uses
+// index 0 instead (never memory outside the buffer) and raises after it.
+constexpr int DIVISION_BY_ZERO = 1, INDEX_OUT_OF_BOUNDS = 2;
+inline int kernel_error = 0;
+inline void divided_by_zero() { __atomic_fetch_or(&kernel_error, DIVISION_BY_ZERO, __ATOMIC_RELAXED); }
+inline int64_t index_out_of_bounds() {
+  __atomic_fetch_or(&kernel_error, INDEX_OUT_OF_BOUNDS, __ATOMIC_RELAXED);
+  return 0;
+}
 
 // Integer division by -1 is a negation (wrapping, as eager's: INT_MIN // -1 == INT_MIN) and
 // never a division: INT_MIN / -1 traps (SIGFPE) on x86-64.

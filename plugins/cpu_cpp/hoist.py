@@ -48,7 +48,9 @@ def invariance(kw: KernelWriter, loop_vars: set[sympy.Symbol], gathers: bool = F
 def _hoist(kw: KernelWriter, bodies: list[Value], invariant: _Invariance, scope: ValueScope[str],
            loads: bool = False) -> int:
     hoisted = 0
-    kinds = (Op, Cast, Load) if loads else (Op, Cast)
+    # an index read from memory is hoisted with its bounds check (codegen's _indirect): the
+    # check then runs once per row, outside the vector loop it would keep scalar
+    kinds = (Op, Cast, Load, Indirect) if loads else (Op, Cast, Indirect)
     for body in bodies:
         for v in unmasked(body):
             if isinstance(v, kinds) and invariant(v):
@@ -89,8 +91,8 @@ class _Invariance:
             if v.indirect and not (self.gathers and all(self(i) for i in v.indirect)):
                 return False
             return self._fixed(v) and not self._on_r(v.index)
-        if isinstance(v, Indirect):
-            return self.gathers and v.value is not None and self(v.value)
+        if isinstance(v, Indirect):  # the index alone (a load through it: above)
+            return v.value is not None and self(v.value)
         if isinstance(v, IndexValue):
             return not self._on_r(v.expr)
         if integer_division(v):

@@ -463,9 +463,13 @@ class KernelWriter(ValueVisitor[Scope, str]):
         raw = self.value(v.value, scope)  # type: ignore[arg-type]
         size = indexing.text(v.size)
         self.w.line(f"{name} = {raw}.to(tl.int64)")
+        # negatives wrap even where eager rejects them (not v.wrap): without the bounds check
+        # (off by default: eager's own CUDA check is a device assert), a wrapped index at least
+        # stays inside the buffer
         self.w.line(f"{v.symbol.name} = tl.where({name} < 0, {name} + {size}, {name})")
         if self.bounds_check:
-            cond = f"(0 <= {v.symbol.name}) & ({v.symbol.name} < {size})"
+            checked = v.symbol.name if v.wrap else name
+            cond = f"(0 <= {checked}) & ({checked} < {size})"
             if scope.mask:
                 cond = f"{cond} | ~({scope.mask})"
             self.w.line(f'tl.device_assert({cond}, "index out of bounds")')
