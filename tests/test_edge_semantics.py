@@ -89,3 +89,22 @@ def test_shifts_by_any_count_match_eager(dtype):
             torch._dynamo.reset()
     b = torch.tensor(counts * 3)[: a.numel()].to(dtype)
     check(lambda a, b: (a >> b, a << b), a, b)
+
+
+@pytest.mark.parametrize("f, x", [
+    (lambda a: a ** -1, torch.tensor([1, -1, 2, 3])),
+    (lambda a: a.clamp(-300, 300), torch.tensor([100, -100, 5], dtype=torch.int8)),
+    (lambda a: a.masked_fill(a > 1, 300), torch.tensor([0, 5, 7], dtype=torch.uint8)),
+    (lambda a: (a + 1).fill_(200), torch.tensor([0, 5, 7], dtype=torch.int8)),
+], ids=["int_pow_negative", "int8_clamp", "uint8_masked_fill", "int8_fill"])
+def test_scalars_eager_rejects_raise_as_in_eager(f, x):
+    """An integer to a negative power, and a scalar that does not fit the integer dtype it is
+    converted to: eager raises; the kernels returned 1/-1/0 and wrapped bounds (300 -> 44).
+    (``uint8.masked_fill(m, -1.7)`` still gives 255: torch's decomposition converts the float
+    without a check, for Inductor too.)"""
+    with pytest.raises(RuntimeError):
+        f(x.clone())
+    with pytest.raises(RuntimeError, match="negative integer powers|without overflow"):
+        torch.compile(f, backend="coil")(x.clone())
+    fits = {"int8": torch.tensor([100, -100, 5], dtype=torch.int8)}
+    check(lambda a: a.clamp(-100, 100).masked_fill(a > 50, 127) * 1, fits["int8"])

@@ -11,7 +11,7 @@ from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr
 from .context import LoweringContext, capability, layout_from_meta, require_capability, split_unit_dims
-from .pointwise import _where, check_dtype, compute_dtype, pointwise
+from .pointwise import _where, check_dtype, check_scalar_fits, compute_dtype, pointwise
 from .registry import lowering
 from .values import Realized, TensorValue, broadcast_to, cast, const, lazy, to_dtype, to_sympy
 from .views import _clamp_bounds
@@ -33,6 +33,7 @@ def _meta_size(meta: torch.Tensor) -> tuple[Expr, ...]:
 def constant(ctx: LoweringContext, value: Any) -> TensorValue:
     meta = _meta(ctx)
     check_dtype(meta.dtype, ctx.origin)
+    check_scalar_fits(ctx.origin, value, meta.dtype)
     v = const(value, meta.dtype)
     return lazy(meta.dtype, meta.device, _meta_size(meta), lambda idx: v)
 
@@ -179,6 +180,7 @@ def _source_first(ctx: LoweringContext, body: ir.Value, storage: str, store_inde
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def _masked_fill(ctx: LoweringContext, x: TensorValue, mask: TensorValue, value: Any) -> TensorValue:
     out = _meta(ctx).dtype
+    check_scalar_fits(ctx.origin, value, out)
     return _where(ctx, mask, value, x) if out == x.dtype else pointwise("where", [mask, value, x], out)
 
 

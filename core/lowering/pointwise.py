@@ -208,6 +208,9 @@ def floor_divide_float(a: Any, b: Any, out: torch.dtype) -> TensorValue:
 @lowering(aten.pow.Tensor_Scalar)
 def _pow_scalar(ctx: LoweringContext, a: TensorValue, exponent: Any) -> TensorValue:
     out = _out_dtype(ctx)
+    if not out.is_floating_point and not out.is_complex and isinstance(exponent, int) and exponent < 0:
+        # eager raises "Integers to negative integer powers are not allowed": the library will
+        raise LoweringError(ctx.origin, "an integer to a negative integer power")
     if exponent == 2:
         return pointwise("square", [a], out)
     if exponent == 1:
@@ -254,6 +257,8 @@ def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None)
     if "clamp_max" in ctx.origin:
         lo, hi = None, lo
     operand = promoted_dtype([x, lo, hi])
+    for bound in (lo, hi):
+        check_scalar_fits(ctx.origin, bound, out)
     result: TensorValue = x
     # a bound that is a tensor or NaN: NaN-propagating maximum / minimum, as eager's clamp
     # returns NaN for a NaN bound (clamp_min and clamp_max propagate only x's NaN)
@@ -264,6 +269,20 @@ def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None)
     if lo is None and hi is None:
         raise LoweringError(ctx.origin, "clamp with neither bound")
     return result
+
+
+def check_scalar_fits(op: str, value: Any, dtype: torch.dtype) -> None:
+    """Raise ``LoweringError`` (the library call then raises as eager) where eager converts
+    the scalar ``value`` to the integer ``dtype`` with an overflow check and it does not fit
+    (``int8.clamp(-300, 300)``, ``uint8.masked_fill(m, 300)``: eager raises "value cannot be
+    converted to type int8_t without overflow"; a kernel would wrap it)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    info = torch.iinfo(dtype)
+    if not (info.min <= value <= info.max) or (isinstance(value, float) and not math.isfinite(value)):
+        raise LoweringError(op, f"{value!r} does not fit {dtype} (eager raises)")
 
 
 def _maybe_nan(bound: Any) -> bool:
