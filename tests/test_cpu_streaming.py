@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import coil  # noqa: F401  (registers the backend)
+from coil_cpu_cpp import streaming
 
 import isa
 from conftest import TEST_BACKEND
@@ -19,9 +20,11 @@ from helpers import check
 pytestmark = pytest.mark.skipif(TEST_BACKEND != "cpu_cpp", reason="C++ plugin codegen")
 
 
+LLC_BYTES = streaming.llc_bytes  # the real one, before the fixture below replaces it
+
+
 @pytest.fixture(autouse=True)
 def _small_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    from coil_cpu_cpp import streaming
     monkeypatch.setattr(streaming, "llc_bytes", lambda: 4096)
 
 
@@ -99,3 +102,23 @@ def test_the_option_turns_streaming_off() -> None:
     x = torch.randn(40000)
     with coil.config.override(**{"cpu_cpp.streaming": False}):
         assert not _streams(check(lambda x: x * 3 + 1, x))
+
+
+def test_the_cache_counted_is_at_most_a_share_per_cpu(tmp_path, monkeypatch):
+    """A VM of two CPUs reporting its host's 480 MiB of L3 counts 32 MiB (16 MiB per CPU
+    sharing it), so big kernels stream there as on a machine of that size; a cache at most
+    that per CPU counts whole."""
+    assert streaming._cpu_count("0-1") == 2 and streaming._cpu_count("0-3,8,10-11") == 7
+    assert streaming._cpu_count("") == 1
+    root = tmp_path / "cache"
+    for name, level, size, shared in (("index0", 1, "48K", "0"), ("index3", 3, "491520K", "0-1")):
+        (root / name).mkdir(parents=True)
+        (root / name / "level").write_text(f"{level}\n")
+        (root / name / "size").write_text(f"{size}\n")
+        (root / name / "shared_cpu_list").write_text(f"{shared}\n")
+    real = streaming.Path
+    monkeypatch.setattr(streaming, "Path", lambda p: root if "cpu0/cache" in str(p) else real(p))
+    read = getattr(LLC_BYTES, "__wrapped__", LLC_BYTES)  # past the process-wide memo
+    assert read() == 32 << 20
+    (root / "index3" / "size").write_text("16384K\n")
+    assert read() == 16 << 20
