@@ -26,7 +26,7 @@ from .graph_key import GraphKey
 from .graph_report import GraphReport, KernelReport
 from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
-from .lowering.context import FallbackRecord
+from .lowering.context import FallbackRecord, capability
 from .inplace import InplacePolicy
 from .memory import plan_memory, with_inplace
 from .conv_bias import split_conv_bias
@@ -93,12 +93,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         return _compile_graph(gm, example_inputs, config, kind, line, on_key)
 
 
-def _capability(reg: Any, device: torch.device, name: str, default: Any) -> Any:
-    """A field of the ``Capabilities`` of ``device``'s backend (``default`` without one)."""
-    backend = reg.backends.get(device.type)
-    return getattr(backend.capabilities, name, default) if backend is not None else default
-
-
 def pad_joint_gemms(joint: torch.fx.GraphModule) -> int:
     """Pad AOTAutograd's joint graph's matmuls (:mod:`coil.pad_gemm`) before it is partitioned:
     a padded matrix that the forward and the backward both read (a tied vocabulary
@@ -106,7 +100,7 @@ def pad_joint_gemms(joint: torch.fx.GraphModule) -> int:
     each graph after partitioning would pad it again in the backward
     (:func:`coil.pad_gemm.shares_padding` says which matmuls)."""
     reg = plugins.registry()
-    return pad_gemms(joint, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0), joint=True)
+    return pad_gemms(joint, lambda device: capability(device, "gemm_alignment_bytes", 0, reg), joint=True)
 
 
 def _collective_impl(reg: Any, device: torch.device, op: Any) -> Any:
@@ -134,7 +128,7 @@ def _inplace_policy(reg: Any, config: Config) -> InplacePolicy | None:
         return api is not None and versions.parse(api or "0.0.0") >= INPLACE_API
 
     return InplacePolicy(
-        lambda k: knows_aliasing(k) and _capability(reg, device(k), "inplace_reductions", False),
+        lambda k: knows_aliasing(k) and capability(device(k), "inplace_reductions", False, reg),
         pointwise=knows_aliasing)
 
 
@@ -249,8 +243,8 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         matmul_convolutions(gm, lambda device: _packer(reg, "convolution_as_matmul", device, MATMUL_API),
                             backward=(lambda device: _packer(reg, "convolution_as_matmul", device,
                                                              MATMUL_BACKWARD_API)) if kind == "backward" else None)
-    split_matmul_bias(gm, lambda device: _capability(reg, device, "gemm_bias_epilogue", True))
-    pad_gemms(gm, lambda device: _capability(reg, device, "gemm_alignment_bytes", 0))
+    split_matmul_bias(gm, lambda device: capability(device, "gemm_bias_epilogue", True, reg))
+    pad_gemms(gm, lambda device: capability(device, "gemm_alignment_bytes", 0, reg))
     try:
         lowered = GraphLowering(gm, example_inputs, lowering_registry(), config,
                                 templates.offers(reg, config.templates),
@@ -457,7 +451,7 @@ def _channels_last_chooser(reg: Any, training: bool) -> Chooser:
         backend = reg.backends.get(device.type)
         ask = getattr(backend, "prefers_channels_last", None)
         if ask is None:
-            return bool(_capability(reg, device, "conv_channels_last", False))
+            return bool(capability(device, "conv_channels_last", False, reg))
         return bool(ask(convolutions, training=training))
     return prefers
 

@@ -165,15 +165,14 @@ def require_capability(device: torch.device, feature: str, op: str) -> None:
     """Raise ``LoweringError`` (so the op falls back to ATen) when the backend serving
     ``device`` declares it lacks ``feature`` (a boolean field of its ``Capabilities``, such
     as ``scans`` or ``scatter``). Devices with no backend are left to the scheduler."""
-    backend = plugins.registry().backends.get(device.type)
-    if backend is not None and not getattr(backend.capabilities, feature, True):
+    if not capability(device, feature, True):
         raise LoweringError(op, f"the {device.type} backend declares {feature}=False")
 
 
-def capability(device: torch.device, feature: str, default: Any) -> Any:
-    """The value of ``feature`` in the ``Capabilities`` of the backend serving ``device``;
-    ``default`` where no backend serves it."""
-    backend = plugins.registry().backends.get(device.type)
+def capability(device: torch.device, feature: str, default: Any, reg: Any = None) -> Any:
+    """The value of ``feature`` in the ``Capabilities`` of the backend serving ``device`` (in
+    ``reg``, else the process's registry); ``default`` where no backend serves it."""
+    backend = (reg if reg is not None else plugins.registry()).backends.get(device.type)
     return default if backend is None else getattr(backend.capabilities, feature, default)
 
 
