@@ -258,7 +258,7 @@ def _scan(ctx: LoweringContext, x: TensorValue, dim: int, *, dtype: torch.dtype 
     dim = dim % x.ndim
     acc = compute_dtype(out)
     if acc == torch.float32 and out == torch.float32 and capability(x.device, "float32_scans_in_float64", False):
-        acc = torch.float64  # eager's CPU scans keep a double running value
+        acc = torch.float64  # the device's eager scans keep a double running value
     layout = layout_from_meta(meta) or ir.Layout(out, x.device, x.size, ir.contiguous_strides(x.size))
     ranges: list[Expr] = []
     idx: list[Expr] = []
