@@ -165,3 +165,25 @@ def test_split_column_reduction_and_long_rows():
     torch._dynamo.reset()
     r = coil.explain(lambda a, t: torch.nn.functional.cross_entropy(a, t), logits, target)
     torch.testing.assert_close(r.result, torch.nn.functional.cross_entropy(logits, target))
+
+
+def test_index_out_of_range_stops_with_a_device_assert():
+    """As eager's CUDA kernels and Inductor's: an out-of-range index read from memory stops the
+    kernel instead of reading memory it does not index. The assert leaves the CUDA context
+    unusable, so it runs in a process of its own."""
+    import subprocess
+    import sys
+    code = (
+        "import torch, torch.nn.functional as F, coil\n"
+        "w = torch.randn(10, 4, device='cuda')\n"
+        "fn = torch.compile(lambda w, i: F.embedding(i, w) * 2, backend='coil')\n"
+        "good = torch.tensor([1, 9, 0], device='cuda')\n"
+        "torch.testing.assert_close(fn(w, good), F.embedding(good, w) * 2)\n"
+        "print('in range ok', flush=True)\n"
+        "fn(w, torch.tensor([1, 12, 3], device='cuda'))\n"
+        "torch.cuda.synchronize()\n"
+        "print('NOT STOPPED', flush=True)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "in range ok" in done.stdout, done.stderr[-2000:]
+    assert done.returncode != 0 and "NOT STOPPED" not in done.stdout, done.stdout
+    assert "device-side assert" in done.stderr or "index out of bounds" in done.stderr, done.stderr[-2000:]

@@ -72,9 +72,12 @@ class TritonScheduling(sdk.Scheduling):
 
 @dataclass(frozen=True)
 class TritonOptions:
-    #: Check every data-dependent index against its bounds on the device (``tl.device_assert``,
-    #: kernels built in Triton's debug mode): slower, for finding an out-of-range gather.
-    bounds_check: bool = False
+    #: Check every index read from memory against its dim on the device, as eager's CUDA
+    #: kernels and Inductor do: ``tl.device_assert`` in the kernels that read one, built in
+    #: Triton's debug mode (its integer-overflow asserts off). An index out of range stops with
+    #: a device-side assert instead of reading or writing memory it does not index. Off: no
+    #: check (a negative index wraps once, a larger one reads wherever it points).
+    bounds_check: bool = True
     #: Which kernels a graph's first call tunes: "auto", its largest within a build budget
     #: (the others launch their shape's usual winner; :mod:`.build_budget`), or "all".
     tuning: Literal["auto", "all"] = "auto"
@@ -139,7 +142,7 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
         if self._bounds_check is not None:
             return self._bounds_check
         options = self.options
-        return bool(options.bounds_check) if options is not None else False
+        return bool(options.bounds_check) if options is not None else TritonOptions.bounds_check
 
     def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
         """Generate, load and build ``kernels``. Kernels that differ only in names (a model's
@@ -224,7 +227,7 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
                 if key not in self._shared:
                     self._shared[key] = Launcher(
                         src, self._functions[src.name], interpret=self.interpret, mutated=key[1],
-                        debug=self.bounds_check, tune_key=_key_fn(src.source, device, self.options_text()),
+                        debug=self.bounds_check and "tl.device_assert" in src.source, tune_key=_key_fn(src.source, device, self.options_text()),
                         tune_in_interpreter=self.tune_in_interpreter)
                     fresh.append(self._shared[key])
                 launchers.append(self._shared[key])

@@ -46,6 +46,8 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
     sig, constexprs = signature(src, reduction), cfg.constexprs(reduction)
     ast = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
     options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "debug": debug}
+    if debug:  # the bounds checks' asserts only: Coil's integer arithmetic wraps on purpose
+        options["sanitize_overflow"] = False
     indexed = None
     if not triton.knobs.compilation.always_compile:
         where = target if target is not None else triton.runtime.driver.active.get_current_target()

@@ -316,7 +316,7 @@ def _interpreted_launch(fn: Any, grid: int, args: Sequence[Any], consts: dict[st
     builder = interpreter.interpreter_builder
     saved = builder.options
     if debug:
-        builder.options = dataclasses.replace(saved, debug=True)
+        builder.options = dataclasses.replace(saved, debug=True, sanitize_overflow=False)
     try:
         with mathlib.interpreting():
             fn[(grid,)](*args, **consts)
