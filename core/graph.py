@@ -12,7 +12,7 @@ import sympy
 import torch
 import torch.fx
 
-from . import ir, library_args
+from . import ir, library_args, output_aliases
 from .config import Config
 from .errors import LoweringError
 from .ir import Expr, Layout
@@ -216,7 +216,9 @@ class GraphLowering:
                 metas = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in flat]
                 eager = (self.eager_outputs if self.eager_outputs is not None
                          and len(self.eager_outputs) == len(flat) else metas)
-                outputs = [self._output(self.env[n] if isinstance(n, torch.fx.Node) else n, meta,
+                views = self._aliased_outputs(flat)
+                outputs = [views[i] if i in views else
+                           self._output(self.env[n] if isinstance(n, torch.fx.Node) else n, meta,
                                         eager=None if i in self.free_outputs else eager[i])
                            for i, (n, meta) in enumerate(zip(flat, metas))]
             elif node.op == "get_attr":
@@ -460,6 +462,29 @@ class GraphLowering:
         return _rebuild(meta, values, ())
 
     # -- outputs
+
+    def _aliased_outputs(self, flat: list[Any]) -> dict[int, GraphOutput]:
+        """Outputs eager returns as views of one storage (:mod:`coil.output_aliases`): their
+        base written once in its traced layout, each returned as a view of that buffer with
+        its traced sizes, strides and offset."""
+        views: dict[int, GraphOutput] = {}
+        for group in output_aliases.groups(flat, skip=self.free_outputs):
+            value = self.env.get(group.base)
+            base = group.base.meta["val"]
+            wanted = layout_from_meta(base)
+            if not isinstance(value, TensorValue) or value.dtype != base.dtype or wanted is None \
+                    or tuple(value.size) != tuple(wanted.size):
+                continue
+            if isinstance(value, Realized) and (value.name in self.input_names or value.layout.offset != 0
+                                                or not same_strides(value.layout, wanted)):
+                value = Lazy(value.dtype, value.device, tuple(value.size), value.load)  # copied
+            r = self.ctx.realize(value, wanted)
+            for i in group.members:
+                meta = flat[i].meta["val"]
+                layout = Layout(meta.dtype, meta.device, tuple(to_sympy(n) for n in meta.size()),
+                                tuple(to_sympy(st) for st in meta.stride()), to_sympy(meta.storage_offset()))
+                views[i] = GraphOutput(r.name, layout)
+        return views
 
     def _output(self, value: Any, meta: Any, *, eager: Any = None) -> GraphOutput:
         """A graph output (``meta``: its node's value). A lazy value is written in that

@@ -127,6 +127,23 @@ def test_outputs_copied_out_of_a_recording_are_equal_new_memory_with_the_same_st
         assert got.is_contiguous()
 
 
+def test_outputs_over_one_storage_are_copied_out_together_and_stay_views():
+    from coil_cuda_triton.graphs import copy_outputs
+    base = torch.arange(20.0).reshape(4, 5)
+    row = torch.arange(5.0).reshape(1, 5)
+    outs = (base, base[1:], base.t(), base[2], row.expand(3, 5), 7, torch.arange(3.0))
+    got = copy_outputs(outs)
+    assert got[5] == 7
+    for g, o in zip(got, outs):
+        if isinstance(o, torch.Tensor):
+            assert torch.equal(g, o) and g.stride() == o.stride()
+            assert g.untyped_storage().data_ptr() != o.untyped_storage().data_ptr()
+    assert {g.untyped_storage().data_ptr() for g in got[:4]} == {got[0].untyped_storage().data_ptr()}
+    assert got[4].stride() == (0, 1)  # still expanded
+    got[0].add_(100)  # shows through the other views, as in the recording
+    assert torch.equal(got[1], base[1:] + 100) and torch.equal(got[3], base[2] + 100)
+
+
 @pytest.mark.parametrize("measure, records_on", [(True, 2), (False, 1)])
 def test_the_triton_replay_records_on_the_second_call_when_it_measures(monkeypatch, measure, records_on):
     """With ``measure`` (``graph_capture=auto``) the first call runs the graph as compiled and

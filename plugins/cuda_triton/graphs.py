@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -66,6 +66,31 @@ def copy_out(t: torch.Tensor) -> torch.Tensor:
         return t.clone()  # a sparse view: copying its span would copy mostly gaps
     region = t.as_strided((span,), (1,)).clone()
     return region.as_strided(t.shape, t.stride())
+
+
+def copy_outputs(outputs: Sequence[Any]) -> tuple[Any, ...]:
+    """Copies of a replay's outputs out of the recording's memory (:func:`copy_out`), except
+    that outputs over one storage (a result and its slices, the items of an ``unbind``) or with
+    a zero stride (an expanded result) are copied as the one region they span and viewed as
+    they were: copied apart, the views would stop sharing memory, as eager's do, and an
+    expanded one would become dense."""
+    by_storage: dict[int, list[int]] = {}
+    for i, o in enumerate(outputs):
+        if isinstance(o, torch.Tensor) and o.numel() > 0 and all(st >= 0 for st in o.stride()):
+            by_storage.setdefault(o.untyped_storage().data_ptr(), []).append(i)
+    out = list(outputs)
+    for members in by_storage.values():
+        ts = [outputs[i] for i in members]
+        if (len(ts) < 2 and not any(st == 0 and n > 1 for n, st in zip(ts[0].shape, ts[0].stride()))) \
+                or len({t.dtype for t in ts}) != 1:
+            continue
+        lo = min(t.storage_offset() for t in ts)
+        hi = max(t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in ts) + 1
+        region = ts[0].as_strided((hi - lo,), (1,), lo).clone()
+        for i, t in zip(members, ts):
+            out[i] = region.as_strided(t.shape, t.stride(), t.storage_offset() - lo)
+    return tuple(copy_out(o) if isinstance(o, torch.Tensor) and o is outputs[i] else o
+                 for i, o in enumerate(out))
 
 
 class GraphReplay:
@@ -132,7 +157,7 @@ class GraphReplay:
     def _replay(self) -> Any:
         stream = torch.cuda.current_stream()
         self.graph.replay()
-        out = tuple(copy_out(o) if isinstance(o, torch.Tensor) else o for o in self.outputs)
+        out = copy_outputs(self.outputs)
         if self._done is None:
             self._done = torch.cuda.Event()
         self._done.record(stream)  # a wait already queued keeps the state it saw
