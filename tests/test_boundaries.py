@@ -273,3 +273,20 @@ def test_a_symbolic_size_used_as_a_scalar_stays_symbolic(fn):
     finally:
         cc.remove_observer(reports.append)
     assert len(reports) == 1 and reports[0].symbolic
+
+
+@pytest.mark.parametrize("f", [
+    lambda x, k: x[-k:] * 2, lambda x, k: x[:-k] * 2, lambda x, k: x[-k:-1] * 2,
+    lambda x, k: x[k:] * 2, lambda x, k: x[:k] * 2,
+    lambda x, k: x[-(x.shape[0] // 3):] * 2,  # 0 for short x, and x[-0:] is all of x
+    lambda x, k: x[x.shape[0] - 2 * x.shape[0] // 3 - 2 * x.shape[0]:] * 2,
+], ids=["neg_start", "neg_end", "neg_both", "start", "end", "size_start", "unknown_sign"])
+def test_symbolic_slice_bounds_count_from_the_end_as_in_python(f):
+    """A negative bound that is a symbol (``x[-k:]`` under ``dynamic=True``) was taken as it
+    was: the slice came out too long and read memory before the tensor (session 30)."""
+    compiled = torch.compile(f, backend="coil", dynamic=True)
+    for n, k in [(5, 2), (7, 3), (4, 9), (2, 1)]:
+        x = torch.arange(2.0 * n).reshape(n, 2)
+        expected, got = f(x, k), compiled(x, k)
+        assert got.shape == expected.shape and torch.equal(got, expected), (n, k)
+    torch._dynamo.reset()

@@ -108,3 +108,28 @@ def test_scalars_eager_rejects_raise_as_in_eager(f, x):
         torch.compile(f, backend="coil")(x.clone())
     fits = {"int8": torch.tensor([100, -100, 5], dtype=torch.int8)}
     check(lambda a: a.clamp(-100, 100).masked_fill(a > 50, 127) * 1, fits["int8"])
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_of_another_dtype_raises_as_in_eager(accumulate):
+    """ATen's ``index_put`` refuses values of another dtype; Coil cast them (session 30)."""
+    def f(x, v):
+        x.index_put_((torch.tensor([1, 3]),), v, accumulate=accumulate)
+        return x
+
+    for fn in (f, torch.compile(f, backend="coil")):
+        with pytest.raises(RuntimeError, match="dtypes match"):
+            fn(torch.arange(5), torch.tensor([0.5, 1.5]))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("f", [lambda x: x == 3.3, lambda x: x < 1.001, lambda x: x == 257,
+                               lambda x: x <= torch.tensor(3.3), lambda x: x.ne(2049)],
+                         ids=["eq", "lt", "eq_int", "le_0dim", "ne_int"])
+def test_half_comparisons_round_the_other_side_as_in_eager(f, dtype):
+    """Eager compares a half tensor with a number in the half type (3.3 becomes 3.296875 in
+    bf16); Coil compared in float32 with the number as written (session 30)."""
+    x = torch.tensor([3.3, 1.001, 256.0, 257.0, 2048.0, 2049.0, 3.29, -1.0]).to(dtype)
+    assert torch.equal(torch.compile(f, backend="coil")(x), f(x))
+    torch._dynamo.reset()

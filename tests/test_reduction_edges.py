@@ -56,3 +56,13 @@ def test_any_and_all_over_no_dims_reduce_nothing_as_in_eager(f):
     x = torch.tensor([[1.0, 0.0], [0.0, NAN]])
     check(f, x)
     check(f, x > 0)
+
+
+@pytest.mark.parametrize("f", [lambda x: x.std(), lambda x: (x / 200).std(), lambda x: x / x.std(),
+                               lambda x: x.view(10, 100).std(1, correction=0)])
+def test_float16_std_takes_its_root_before_rounding(f):
+    """A float16 variance above 65504 is inf; eager's standard deviation is not (Coil rounded
+    the variance to float16, then took the root: inf, session 30)."""
+    h = torch.tensor([60000.0, 60000.0, -60000.0, -59000.0] * 250, dtype=torch.float16)
+    torch.testing.assert_close(torch.compile(f, backend="coil")(h), f(h))
+    torch._dynamo.reset()

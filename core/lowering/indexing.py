@@ -273,6 +273,8 @@ def _scatter_reduce(ctx: LoweringContext, x: TensorValue, dim: int, index: Tenso
 @lowering(aten.index_put.default)
 def _index_put(ctx: LoweringContext, x: TensorValue, indices: Sequence[TensorValue | None],
                values: TensorValue, accumulate: bool = False) -> TensorValue:
+    if values.dtype != x.dtype:  # ATen's index_put raises ("... dtypes match"); so does eager
+        raise LoweringError(ctx.origin, f"values of {values.dtype} into {x.dtype}")
     plan = advanced_index(ctx, x, indices)
     if plan is None:
         raise LoweringError(ctx.origin, "index_put without indices")

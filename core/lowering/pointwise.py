@@ -78,13 +78,27 @@ def _out_dtype(ctx: LoweringContext) -> torch.dtype:
     raise LoweringError(ctx.origin, "no tensor result")
 
 
+def _rounded(a: Any, dtype: torch.dtype) -> Any:
+    """An operand of a comparison in ``dtype``, as eager compares: half types are compared in
+    float32 here, so a Python number or a wider tensor is first rounded to the half type
+    (``bf16 == 3.3`` compares with 3.296875, the bf16 nearest 3.3)."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return a
+    if isinstance(a, (int, float)) and not isinstance(a, bool):
+        return float(torch.tensor(a, dtype=torch.float64).to(dtype))
+    if isinstance(a, TensorValue) and a.dtype != dtype:
+        return lazy(dtype, a.device, a.size, lambda idx: cast(a.load(idx), dtype))
+    return a
+
+
 def _register(ops: Sequence[Any], name: str, kind: str) -> None:
     def lower(ctx: LoweringContext, *args: Any, **kwargs: Any) -> TensorValue:
         if kwargs:
             raise LoweringError(ctx.origin, f"unsupported arguments {sorted(kwargs)}")
         out = _out_dtype(ctx)
         if kind == "compare":
-            return pointwise(name, args, out, operand_dtype=promoted_dtype(args))
+            common = promoted_dtype(args)
+            return pointwise(name, [_rounded(a, common) for a in args], out, operand_dtype=common)
         if kind == "predicate":
             return pointwise(name, args, out, operand_dtype=args[0].dtype)
         if kind == "logical":

@@ -16,7 +16,7 @@ from ..errors import LoweringError
 from ..ir import Expr, Layout
 from .context import LoweringContext, layout_from_meta
 from .onehot import sum_of_one_hot
-from .pointwise import check_dtype, compute_dtype, pointwise
+from .pointwise import check_dtype, compute_dtype
 from .registry import lowering
 from .values import Realized, TensorValue, cast, lazy, to_dtype
 from .views import reshape
@@ -244,8 +244,10 @@ def _divide_by(v: TensorValue, count: Expr, out: torch.dtype) -> TensorValue:
     return lazy(out, v.device, v.size, fn)
 
 
-def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, keepdim: bool
-             ) -> tuple[TensorValue, TensorValue]:
+def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, keepdim: bool,
+             root: bool = False) -> tuple[TensorValue, TensorValue]:
+    """Variance (its square root with ``root``, taken before the cast to the output dtype: a
+    float16 variance above 65504 is inf, its root is not) and mean."""
     out = _meta_dtype(ctx, 0) if isinstance(ctx.out_meta, (tuple, list)) else _meta_dtype(ctx)
     if not out.is_floating_point:
         raise LoweringError(ctx.origin, "variance of a non-float dtype")
@@ -259,7 +261,8 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
         n = cast(ir.IndexValue(torch.int64, expr=count), acc)
         denom = ir.Op(acc, name="sub", args=(n, ir.Const(acc, value=float(corr))))
         d = ir.Op(acc, name="maximum", args=(denom, ir.Const(acc, value=0.0)))
-        return cast(ir.Op(acc, name="truediv", args=(m2.load(idx), d)), out)
+        v = ir.Op(acc, name="truediv", args=(m2.load(idx), d))
+        return cast(ir.Op(acc, name="sqrt", args=(v,)) if root else v, out)
 
     var = lazy(out, x.device, m2.size, var_fn)
     if count == 0:  # mean and variance of nothing are NaN, as in eager
@@ -284,8 +287,7 @@ def _var(ctx: LoweringContext, x: TensorValue, dim: Any = None, *, correction: A
 @lowering(aten.std.correction)
 def _std(ctx: LoweringContext, x: TensorValue, dim: Any = None, *, correction: Any = None,
          keepdim: bool = False) -> TensorValue:
-    var = _welford(ctx, x, dim, correction, keepdim)[0]
-    return pointwise("sqrt", [var], var.dtype)
+    return _welford(ctx, x, dim, correction, keepdim, root=True)[0]
 
 
 __all__ = ["reduce", "acc_dtype_for"]

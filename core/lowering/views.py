@@ -103,7 +103,13 @@ def _clamp_bounds(n: Expr, start: Any, end: Any) -> tuple[Expr, Expr]:
             if val >= 2**62:
                 return n
             return sympy.Integer(val)
-        return e
+        # a symbolic bound (``x[-k:]``): negative ones count from the end, as in Python
+        if e.is_negative:
+            return sympy.Max(n + e, 0)
+        if e.is_nonnegative:
+            return e
+        # unknown sign (``-(n // 3)`` is 0 for n < 3, and ``x[-0:]`` is all of x): ATen's slice
+        raise LoweringError("aten.slice", f"a bound of unknown sign ({e})")
 
     lo = norm(start, sympy.Integer(0))
     hi = norm(end, n)
