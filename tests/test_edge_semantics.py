@@ -133,3 +133,18 @@ def test_half_comparisons_round_the_other_side_as_in_eager(f, dtype):
     x = torch.tensor([3.3, 1.001, 256.0, 257.0, 2048.0, 2049.0, 3.29, -1.0]).to(dtype)
     assert torch.equal(torch.compile(f, backend="coil")(x), f(x))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("f, x", [
+    (lambda x: x * 2 - x, torch.tensor([True, False])),
+    (lambda x: True - x, torch.tensor([1, 2])),
+    (lambda x: x.clamp(min=1e10), torch.tensor([0.0, 2.0], dtype=torch.float16)),
+    (lambda x: torch.full_like(x, -1e10), torch.tensor([0.0, 2.0], dtype=torch.float16)),
+], ids=["bool_sub", "rsub_bool", "half_clamp_overflow", "half_full_overflow"])
+def test_what_eager_rejects_raises_as_in_eager(f, x):
+    """Subtraction with a bool operand, and a number past a half type's range, raise in eager;
+    Coil computed them (an int, or inf; session 30)."""
+    for fn in (f, torch.compile(f, backend="coil")):
+        with pytest.raises(RuntimeError):
+            fn(x)
+    torch._dynamo.reset()

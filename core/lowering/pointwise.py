@@ -164,6 +164,9 @@ def _add_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1) -> TensorValu
     op = "add" if "add" in name else "sub"
     if not isinstance(a, TensorValue) and not isinstance(b, TensorValue):
         raise LoweringError(name, "no tensor operand")
+    if op == "sub" and any(isinstance(v, bool) or (isinstance(v, TensorValue) and v.dtype == torch.bool)
+                           for v in (a, b)):
+        raise LoweringError(name, "subtraction with a bool operand (eager raises)")
     return pointwise(op, [a, b], out)
 
 
@@ -287,12 +290,15 @@ def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None)
 
 def check_scalar_fits(op: str, value: Any, dtype: torch.dtype) -> None:
     """Raise ``LoweringError`` (the library call then raises as eager) where eager converts
-    the scalar ``value`` to the integer ``dtype`` with an overflow check and it does not fit
-    (``int8.clamp(-300, 300)``, ``uint8.masked_fill(m, 300)``: eager raises "value cannot be
-    converted to type int8_t without overflow"; a kernel would wrap it)."""
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+    the scalar ``value`` to ``dtype`` with an overflow check and it does not fit
+    (``int8.clamp(-300, 300)``, ``uint8.masked_fill(m, 300)``, ``float16.masked_fill(m, 1e10)``:
+    eager raises "value cannot be converted to type int8_t without overflow"; a kernel would
+    wrap it, or give inf)."""
+    if dtype.is_complex or dtype == torch.bool or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if dtype.is_floating_point:  # finite and past the type's range (``float16.masked_fill(m, 1e10)``)
+        if not (isinstance(value, float) and not math.isfinite(value)) and abs(value) > torch.finfo(dtype).max:
+            raise LoweringError(op, f"{value!r} overflows {dtype} (eager raises)")
         return
     info = torch.iinfo(dtype)
     if not (info.min <= value <= info.max) or (isinstance(value, float) and not math.isfinite(value)):
