@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions
@@ -94,9 +94,20 @@ def _softmax(x: torch.Tensor, dim: int, half_to_float: bool) -> Any:
     return result if half_to_float else result.to(dtype)
 
 
+def _affine_grid_generator(theta: torch.Tensor, size: Sequence[int], align_corners: bool) -> Any:
+    """PyTorch's decomposition, except where an output dim has one element: there it builds
+    its base grid with ``torch.tensor``, whose in-place ``detach_`` AOTAutograd refuses in a
+    functional graph (the compile failed where eager runs, session 30); the op stays ATen's."""
+    if any(n == 1 for n in size[2:]):
+        return NotImplemented
+    from torch._decomp.decompositions import affine_grid_generator
+    return affine_grid_generator(theta, size, align_corners)
+
+
 #: Coil's own decompositions, replacing PyTorch's for these ops.
 OWN: dict[Any, Callable[..., Any]] = {aten.addmm.default: _addmm, aten.baddbmm.default: _baddbmm,
-                                      aten._softmax.default: _softmax}
+                                      aten._softmax.default: _softmax,
+                                      aten.affine_grid_generator.default: _affine_grid_generator}
 
 
 def core_table(folder: str | None = None) -> dict[Any, Callable[..., Any]]:

@@ -290,3 +290,14 @@ def test_symbolic_slice_bounds_count_from_the_end_as_in_python(f):
         expected, got = f(x, k), compiled(x, k)
         assert got.shape == expected.shape and torch.equal(got, expected), (n, k)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("size", [(2, 3, 1, 1), (2, 3, 1, 6), (2, 3, 4, 5)])
+def test_affine_grid_with_a_one_element_dim_compiles(size):
+    """PyTorch's decomposition of ``affine_grid`` builds a one-element dim's grid with
+    ``torch.tensor``, whose ``detach_`` AOTAutograd refused: Coil's compile failed where eager
+    ran (session 30)."""
+    f = lambda t: (F.affine_grid(t, size, align_corners=False) ** 2).sum()  # noqa: E731
+    theta = torch.randn(2, 2, 3)
+    torch.testing.assert_close(torch.compile(f, backend="coil")(theta), f(theta))
+    torch._dynamo.reset()
