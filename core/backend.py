@@ -20,6 +20,7 @@ from .decompositions import table
 from .embedding_partition import partition_smaller
 from .errors import ConfigError
 from .full_masks import simplify_masks
+from .kept_whole import keep_whole
 from .mutated_inputs import partition_safely
 from .pool_offsets import narrow_saved_indices
 
@@ -168,6 +169,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     recorder = aot_training.Recorder(training_key) if training_key is not None else None
     _warm_up(example_inputs)
     graph_module = gm.gm if isinstance(gm, torch._dynamo.utils.GmWrapper) else gm  # flattened inputs
+    keep_whole(graph_module)  # ops whose decomposition is wrong stay ATen calls (coil.kept_whole)
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
         rewrite_attention(graph_module)
         simplify_masks(graph_module)

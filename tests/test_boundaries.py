@@ -301,3 +301,22 @@ def test_affine_grid_with_a_one_element_dim_compiles(size):
     theta = torch.randn(2, 2, 3)
     torch.testing.assert_close(torch.compile(f, backend="coil")(theta), f(theta))
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("target", [[[3, 0, -1, 1], [-1, 0, 0, 0]], [[1, 2, 3, 0], [2, -1, 3, 3]]],
+                         ids=["terminated", "full"])
+def test_multilabel_margin_loss_stays_atens(target, reduction):
+    """PyTorch's decomposition, which AOTAutograd takes whatever the table says, counts classes
+    past a row's -1 terminator (2.05 for eager's 0.85; session 30): the op stays whole
+    (``coil.kept_whole``), forward and backward."""
+    x = torch.tensor([[0.1, 0.2, 0.4, 0.8], [0.5, -0.3, 0.9, 0.0]], requires_grad=True)
+    t = torch.tensor(target)
+    f = lambda x, t: F.multilabel_margin_loss(x, t, reduction=reduction) * 2  # noqa: E731
+    expected = f(x, t)
+    (grad,) = torch.autograd.grad(expected.sum(), x)
+    got = torch.compile(f, backend="coil")(x, t)
+    (got_grad,) = torch.autograd.grad(got.sum(), x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grad, grad)
+    torch._dynamo.reset()
