@@ -44,8 +44,9 @@ def groups(outputs: Sequence[Any], skip: frozenset[int] = frozenset()) -> list[A
         if meta is None or i in skip:
             continue
         by_storage.setdefault(_storage(meta), []).append(i)
-    if by_storage and outputs and isinstance(outputs[0], torch.fx.Node):
-        for node in outputs[0].graph.nodes:
+    graph = next((n.graph for n in outputs if isinstance(n, torch.fx.Node)), None)
+    if by_storage and graph is not None:
+        for node in graph.nodes:
             meta = _meta(node) if node.op == "placeholder" else None
             if meta is not None:
                 inputs.add(_storage(meta))
