@@ -291,12 +291,12 @@ def _clamp(ctx: LoweringContext, x: TensorValue, lo: Any = None, hi: Any = None)
 def check_scalar_fits(op: str, value: Any, dtype: torch.dtype) -> None:
     """Raise ``LoweringError`` (the library call then raises as eager) where eager converts
     the scalar ``value`` to ``dtype`` with an overflow check and it does not fit
-    (``int8.clamp(-300, 300)``, ``uint8.masked_fill(m, 300)``, ``float16.masked_fill(m, 1e10)``:
-    eager raises "value cannot be converted to type int8_t without overflow"; a kernel would
-    wrap it, or give inf)."""
+    (``int8.clamp(-300, 300)``, ``uint8.masked_fill(m, 300)``, ``float16.clamp(min=1e10)``,
+    ``torch.full((2,), 1e39)``: eager raises "value cannot be converted to type int8_t without
+    overflow"; a kernel would wrap it, or give inf)."""
     if dtype.is_complex or dtype == torch.bool or isinstance(value, bool) or not isinstance(value, (int, float)):
         return
-    if dtype.is_floating_point:  # finite and past the type's range (``float16.masked_fill(m, 1e10)``)
+    if dtype.is_floating_point:  # finite and past the type's range
         if not (isinstance(value, float) and not math.isfinite(value)) and abs(value) > torch.finfo(dtype).max:
             raise LoweringError(op, f"{value!r} overflows {dtype} (eager raises)")
         return
