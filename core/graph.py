@@ -477,7 +477,7 @@ class GraphLowering:
                 continue
             if isinstance(value, Realized) and (value.name in self.input_names or value.layout.offset != 0
                                                 or not same_strides(value.layout, wanted)):
-                value = Lazy(value.dtype, value.device, tuple(value.size), value.load)  # copied
+                value = _reread(value)  # copied
             r = self.ctx.realize(value, wanted)
             for i in group.members:
                 meta = flat[i].meta["val"]
@@ -497,7 +497,7 @@ class GraphLowering:
         wanted = layout_from_meta(eager)
         if isinstance(value, Realized) and wanted is not None and value.name not in self.input_names \
                 and tuple(value.layout.size) == tuple(wanted.size) and not same_strides(value.layout, wanted):
-            r = self.ctx.realize(Lazy(value.dtype, value.device, tuple(value.layout.size), value.load), wanted)
+            r = self.ctx.realize(_reread(value), wanted)
             return GraphOutput(r.name, r.layout)
         if isinstance(value, TensorValue):
             r = self.ctx.realize(value, layout_from_meta(meta))
@@ -505,6 +505,11 @@ class GraphLowering:
         if isinstance(value, torch.SymInt):
             return GraphOutput(expr=to_sympy(value))
         return GraphOutput(constant=value)
+
+
+def _reread(value: Realized) -> Lazy:
+    """A written buffer read back as a lazy value: realizing it copies it into a new layout."""
+    return Lazy(value.dtype, value.device, tuple(value.layout.size), value.load)
 
 
 def _trial_load(result: Any) -> ir.Value | None:

@@ -37,22 +37,17 @@ def groups(outputs: Sequence[Any], skip: frozenset[int] = frozenset()) -> list[A
     two or more outputs over one storage, or one output with a zero stride over a dim of more
     than one element; each group's members reach one base node through view ops, whose value
     is dense, starts its storage and has their dtype. ``skip``: positions to leave alone."""
-    inputs = set()
+    graph = next((n.graph for n in outputs if isinstance(n, torch.fx.Node)), None)
+    inputs = {_storage(m) for n in (graph.find_nodes(op="placeholder") if graph is not None else ())
+              if (m := _meta(n)) is not None}
     by_storage: dict[int, list[int]] = {}
     for i, node in enumerate(outputs):
         meta = _meta(node)
-        if meta is None or i in skip:
-            continue
-        by_storage.setdefault(_storage(meta), []).append(i)
-    graph = next((n.graph for n in outputs if isinstance(n, torch.fx.Node)), None)
-    if by_storage and graph is not None:
-        for node in graph.nodes:
-            meta = _meta(node) if node.op == "placeholder" else None
-            if meta is not None:
-                inputs.add(_storage(meta))
+        if meta is not None and i not in skip and _storage(meta) not in inputs:
+            by_storage.setdefault(_storage(meta), []).append(i)
     found = []
     for key, members in by_storage.items():
-        if key in inputs or (len(members) < 2 and not _expanded(_meta(outputs[members[0]]))):
+        if len(members) < 2 and not _expanded(_meta(outputs[members[0]])):
             continue
         bases = {_view_base(outputs[i]) for i in members}
         if len(bases) != 1:
@@ -60,7 +55,7 @@ def groups(outputs: Sequence[Any], skip: frozenset[int] = frozenset()) -> list[A
         base = bases.pop()
         meta = _meta(base)
         if meta is None or base.op != "call_function" or _storage(meta) != key or \
-                _offset(meta) != 0 or layout_from_meta(meta) is None:
+                meta.storage_offset() != 0 or layout_from_meta(meta) is None:
             continue
         same = tuple(i for i in members if _meta(outputs[i]).dtype == meta.dtype)
         if len(same) >= 2 or any(_expanded(_meta(outputs[i])) for i in same):
@@ -75,10 +70,6 @@ def _meta(node: Any) -> torch.Tensor | None:
 
 def _storage(meta: torch.Tensor) -> int:
     return meta.untyped_storage()._cdata
-
-
-def _offset(meta: torch.Tensor) -> Any:
-    return meta.storage_offset()
 
 
 def _expanded(meta: torch.Tensor) -> bool:

@@ -128,11 +128,11 @@ def test_outputs_copied_out_of_a_recording_are_equal_new_memory_with_the_same_st
 
 
 def test_outputs_over_one_storage_are_copied_out_together_and_stay_views():
-    from coil_cuda_triton.graphs import copy_outputs
+    from coil_cuda_triton.graphs import copy_outputs, shared_regions
     base = torch.arange(20.0).reshape(4, 5)
     row = torch.arange(5.0).reshape(1, 5)
     outs = (base, base[1:], base.t(), base[2], row.expand(3, 5), 7, torch.arange(3.0))
-    got = copy_outputs(outs)
+    got = copy_outputs(outs, shared_regions(outs))
     assert got[5] == 7
     for g, o in zip(got, outs):
         if isinstance(o, torch.Tensor):

@@ -68,17 +68,22 @@ def copy_out(t: torch.Tensor) -> torch.Tensor:
     return region.as_strided(t.shape, t.stride())
 
 
-def copy_outputs(outputs: Sequence[Any]) -> tuple[Any, ...]:
-    """Copies of a replay's outputs out of the recording's memory (:func:`copy_out`), except
-    that outputs over one storage (a result and its slices, the items of an ``unbind``) or with
-    a zero stride (an expanded result) are copied as the one region they span and viewed as
-    they were: copied apart, the views would stop sharing memory, as eager's do, and an
-    expanded one would become dense."""
+#: Outputs of a recording copied out together: their positions, and the first element and
+#: the element count of the storage region they span.
+Region = tuple[tuple[int, ...], int, int]
+
+
+def shared_regions(outputs: Sequence[Any]) -> list[Region]:
+    """The outputs of a recording that :func:`copy_outputs` copies out as one region: those
+    over one storage (a result and its slices, the items of an ``unbind``) or with a zero
+    stride (an expanded result). Copied apart, the views would stop sharing memory, as eager's
+    do, and an expanded one would become dense. Found once per recording: a replay writes the
+    same tensors."""
     by_storage: dict[int, list[int]] = {}
     for i, o in enumerate(outputs):
         if isinstance(o, torch.Tensor) and o.numel() > 0 and all(st >= 0 for st in o.stride()):
             by_storage.setdefault(o.untyped_storage().data_ptr(), []).append(i)
-    out = list(outputs)
+    regions = []
     for members in by_storage.values():
         ts = [outputs[i] for i in members]
         if (len(ts) < 2 and not any(st == 0 and n > 1 for n, st in zip(ts[0].shape, ts[0].stride()))) \
@@ -86,10 +91,23 @@ def copy_outputs(outputs: Sequence[Any]) -> tuple[Any, ...]:
             continue
         lo = min(t.storage_offset() for t in ts)
         hi = max(t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) for t in ts) + 1
-        region = ts[0].as_strided((hi - lo,), (1,), lo).clone()
-        for i, t in zip(members, ts):
+        regions.append((tuple(members), lo, hi - lo))
+    return regions
+
+
+def copy_outputs(outputs: Sequence[Any], regions: Sequence[Region]) -> tuple[Any, ...]:
+    """Copies of a replay's outputs out of the recording's memory: each of ``regions``
+    (:func:`shared_regions`) in one copy, viewed as its outputs were, the others by
+    :func:`copy_out`."""
+    out = list(outputs)
+    together = set()
+    for members, lo, span in regions:
+        region = outputs[members[0]].as_strided((span,), (1,), lo).clone()
+        for i in members:
+            t = outputs[i]
             out[i] = region.as_strided(t.shape, t.stride(), t.storage_offset() - lo)
-    return tuple(copy_out(o) if isinstance(o, torch.Tensor) and o is outputs[i] else o
+        together.update(members)
+    return tuple(copy_out(o) if isinstance(o, torch.Tensor) and i not in together else o
                  for i, o in enumerate(out))
 
 
@@ -107,6 +125,7 @@ class GraphReplay:
         self._fixed: list[tuple[int, int]] = []
         self._copied: list[tuple[int, torch.Tensor]] = []
         self.outputs: Any = None
+        self._regions: list[Region] = []  # outputs copied out together (:func:`shared_regions`)
         self.recordings = 0
         self._first_call_due = measure  # with ``measure``, the first call runs without recording
         self.disabled = ""  # why the graph now runs without a recording
@@ -157,7 +176,7 @@ class GraphReplay:
     def _replay(self) -> Any:
         stream = torch.cuda.current_stream()
         self.graph.replay()
-        out = copy_outputs(self.outputs)
+        out = copy_outputs(self.outputs, self._regions)
         if self._done is None:
             self._done = torch.cuda.Event()
         self._done.record(stream)  # a wait already queued keeps the state it saw
@@ -210,6 +229,7 @@ class GraphReplay:
             log.warning("coil: a CUDA graph could not be recorded; the graph runs without one: %s", exc)
             return first
         self.graph = graph
+        self._regions = shared_regions(self.outputs)
         if self.measure and self.timings is None:
             self._choose(caller)
         return first
