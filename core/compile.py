@@ -33,6 +33,7 @@ from .conv_bias import split_conv_bias
 from .conv_layout import (Chooser, adopt_input_layouts, output_strides, saved_output_positions, static_output_strides,
                           to_channels_last, traced_outputs)
 from .conv_matmul import matmul_convolutions
+from .foreign_operands import bring_foreign_operands
 from .matmul_bias import split_matmul_bias
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
@@ -227,6 +228,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
+    bring_foreign_operands(gm)
     split_conv_bias(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     strides = _lay_out_convolutions(gm, example_inputs, kind, reg, config.training_channels_last,

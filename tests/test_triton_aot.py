@@ -44,6 +44,9 @@ def _representative_kernels() -> list:
         (lambda x: x.cumsum(-1), (torch.randn(4, 300, generator=g),)),
         (lambda x, i, v: x.index_add(0, i, v), (torch.randn(10, 3), torch.tensor([0, 2, 2]), torch.randn(3, 3))),
         (lambda x, i, v: x.scatter_reduce(0, i, v, "amax"), (torch.randn(10), torch.tensor([0, 2, 2]), torch.randn(3))),
+        # shifts by a constant count past the width, and by counts read from memory (signed, unsigned)
+        (lambda a, b, c: (a >> 64, a << 8, a >> (b % 70), c << 9, c >> (c % 12), b >> 65),
+         (torch.tensor([5, -5, 100], dtype=torch.int8), torch.tensor([3, 64, 70]), torch.tensor([1, 9, 200], dtype=torch.uint8))),
     ]
     for fn, args in cases:
         generated += _run(TritonBackend(interpret=True), fn, args)

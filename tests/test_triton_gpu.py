@@ -187,3 +187,21 @@ def test_index_out_of_range_stops_with_a_device_assert():
     assert "in range ok" in done.stdout, done.stderr[-2000:]
     assert done.returncode != 0 and "NOT STOPPED" not in done.stdout, done.stdout
     assert "device-side assert" in done.stderr or "index out of bounds" in done.stderr, done.stderr[-2000:]
+
+
+def test_cpu_scalars_cpu_indices_and_cpu_constants_reach_cuda_kernels_as_in_eager():
+    """Eager lets a CUDA op read a 0-dim CPU tensor and CPU index tensors; Coil's kernels read
+    them through a host pointer (an illegal address, session 31) until ``coil.foreign_operands``."""
+    x = torch.randn(64, device="cuda")
+    s, i = torch.tensor(2.5), torch.tensor([3, 1, 60])
+    cases = [(lambda x, s: x * s + 1, (x, s)), (lambda x, s: x <= s, (x, s)), (lambda x, s: s - x, (x, s)),
+             (lambda x, i: x[i] * 2, (x, i)),
+             (lambda x: x.to(torch.bfloat16) <= torch.tensor(3.3), (x,))]
+    for mode in (None, "reduce-overhead"):
+        for f, args in cases:
+            torch._dynamo.reset()
+            fn = torch.compile(f, backend="coil", mode=mode)
+            for _ in range(3):  # a replay reads the constant too
+                got = fn(*args)
+            torch.testing.assert_close(got, f(*args))
+            assert got.device.type == "cuda"

@@ -117,7 +117,8 @@ OPS: dict[str, Spelling] = {
     "logical_xor": lambda a, t, i: f"(({a[0]} != 0) ^ ({a[1]} != 0))",
     "logical_not": lambda a, t, i: f"({a[0]} == 0)",
     "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
-    "bitwise_not": _bitwise_not, "lshift": _infix("<<"), "rshift": _infix(">>"),
+    "bitwise_not": _bitwise_not, "lshift": _int_or("int_shift_left", _infix("<<")),
+    "rshift": _int_or("int_shift_right", _infix(">>")),
     "where": lambda a, t, i: f"tl.where({a[0]}, {a[1]}, {a[2]})",
     # counter-based random numbers (mathlib helpers, the same for the GPU and the interpreter)
     "rand": lambda a, t, i: f"coil_rand({a[0]}, {a[1]})",

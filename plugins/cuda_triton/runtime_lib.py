@@ -74,6 +74,21 @@ def int_fmod(a, b):
     return tl.where(b == 0, 0, a % safe)
 
 
+def int_shift_left(a, b):
+    # a count below 0 or at least the width shifts every bit out, as eager's kernels (LLVM
+    # leaves such a shift undefined: a constant count >= the width stored garbage on the H100)
+    out = (b < 0) | (b >= a.dtype.primitive_bitwidth)
+    return tl.where(out, 0, a << tl.where(out, 0, b)).to(a.dtype)
+
+
+def int_shift_right(a, b):
+    out = (b < 0) | (b >= a.dtype.primitive_bitwidth)
+    shifted = a >> tl.where(out, 0, b)
+    if a.dtype.is_int_signed():
+        return tl.where(out, tl.where(a < 0, -1, 0), shifted).to(a.dtype)
+    return tl.where(out, 0, shifted).to(a.dtype)
+
+
 def round_bf16(x):
     # float32 -> nearest bfloat16 (ties to even), as float32: the interpreter's own
     # conversion truncates, the GPU's rounds; CI spells narrowing with this
@@ -96,4 +111,4 @@ def interpreted_loop_bound(n):
 
 HELPERS = ("loop_bound", "round_bf16", "max_nan", "min_nan", "add_combine", "mul_combine", "or_combine", "and_combine",
            "argmax_combine", "argmin_combine", "int_floordiv", "int_truncdiv",
-           "int_remainder", "int_fmod")
+           "int_remainder", "int_fmod", "int_shift_left", "int_shift_right")
