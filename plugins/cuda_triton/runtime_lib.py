@@ -18,6 +18,15 @@ def min_nan(a, b):
     return tl.where(a != a, a, tl.where(a < b, a, b))
 
 
+def clamp_below(a, b):
+    # clamp_min: only a's NaN propagates (a NaN bound is ignored, as torch 2.11's clamp)
+    return tl.where(a < b, b, a)
+
+
+def clamp_above(a, b):
+    return tl.where(a > b, b, a)
+
+
 def add_combine(a, b):
     return a + b
 
@@ -109,6 +118,7 @@ def interpreted_loop_bound(n):
     return int(handle.data.reshape(-1)[0]) if handle is not None else int(n)
 
 
-HELPERS = ("loop_bound", "round_bf16", "max_nan", "min_nan", "add_combine", "mul_combine", "or_combine", "and_combine",
+HELPERS = ("loop_bound", "round_bf16", "max_nan", "min_nan", "clamp_below", "clamp_above", "add_combine",
+           "mul_combine", "or_combine", "and_combine",
            "argmax_combine", "argmin_combine", "int_floordiv", "int_truncdiv",
            "int_remainder", "int_fmod", "int_shift_left", "int_shift_right")
