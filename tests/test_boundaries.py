@@ -292,6 +292,59 @@ def test_symbolic_slice_bounds_count_from_the_end_as_in_python(f):
     torch._dynamo.reset()
 
 
+class _TableReads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("table", torch.arange(10.0))  # a buffer's size stays static
+
+    def forward(self, x):
+        n = x.shape[0]
+        return self.table[:n] * 1, self.table[n:n + 3] + 1
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: x[-10:] * 2, lambda x: x[:10] * 2, lambda x: x[5:10] + 1, lambda x: (x * 3)[-6:],
+    lambda x: torch.cat([x] * 5, 1)[:, 1:5:2] + 0, lambda x: torch.slice_scatter(x, x[:3] * 0 - 1, 0, -3),
+], ids=["neg_start", "end", "both", "lazy", "strided", "scatter"])
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_numeric_slice_bounds_are_clamped_to_a_symbolic_size(f, dynamic):
+    """``x[:10]`` of a symbolic size was 10 rows whatever the size, reading past the tensor;
+    ``x[-10:]`` started before it; a slice_scatter at -3 of 2 rows wrote one row (session 31).
+    ``dynamic=None`` is torch.compile's default: the second size makes the graph symbolic."""
+    compiled = torch.compile(f, backend="coil", dynamic=dynamic)
+    for n in [20, 12, 7, 2, 1]:
+        x = torch.arange(float(n)).view(n, 1)
+        expected, got = f(x), compiled(x)
+        assert got.shape == expected.shape and torch.equal(got, expected), n
+    torch._dynamo.reset()
+
+
+def test_a_symbolic_slice_of_a_constant_table_and_writes_through_one_stay_inside():
+    """Bounds from a symbolic size over a tensor of fixed size (a position table) and an
+    assignment to ``x[-4:]`` of a shorter x (garbage was written, session 31)."""
+    module = _TableReads()
+    compiled = torch.compile(module, backend="coil", dynamic=True)
+    for n in [4, 9, 12]:
+        for got, expected in zip(compiled(torch.zeros(n)), module(torch.zeros(n))):
+            assert got.shape == expected.shape and torch.equal(got, expected), n
+
+    def write(x, v):
+        x[-4:] = v
+        return x
+
+    compiled = torch.compile(write, backend="coil", dynamic=True)
+    for n in [6, 2]:
+        assert torch.equal(compiled(torch.zeros(n), torch.tensor(7.0)), write(torch.zeros(n), torch.tensor(7.0)))
+    compiled = torch.compile(lambda x: x.sin()[-4:], backend="coil", dynamic=True)
+    for n in [7, 3]:
+        x = torch.randn(n, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        x.sin()[-4:].sum().backward()
+        compiled(x2).sum().backward()
+        torch.testing.assert_close(x2.grad, x.grad)
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("size", [(2, 3, 1, 1), (2, 3, 1, 6), (2, 3, 4, 5)])
 def test_affine_grid_with_a_one_element_dim_compiles(size):
     """PyTorch's decomposition of ``affine_grid`` builds a one-element dim's grid with

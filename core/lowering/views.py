@@ -87,35 +87,28 @@ def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int) -> Tens
 
 
 def _clamp_bounds(n: Expr, start: Any, end: Any) -> tuple[Expr, Expr]:
+    """``start`` and ``end`` of a slice of a dim of size ``n`` as Python takes them: a negative
+    bound counts from the end, and both are clamped to ``[0, n]``. Under dynamic shapes either
+    may be symbolic: ``x[:10]`` of n rows is ``Min(10, n)`` rows, ``x[-10:]`` starts at
+    ``Max(n - 10, 0)`` (unclamped, a slice longer than the tensor read memory before or past
+    it: found by hunts against eager, sessions 30 and 31)."""
     def norm(x: Any, default: Expr) -> Expr:
         if x is None:
             return default
         e = to_sympy(x)
-        if e.is_number:
-            val = int(e)
-            if n.is_number:
-                size = int(n)
-                if val < 0:
-                    val += size
-                return sympy.Integer(min(max(val, 0), size))
-            if val < 0:
-                return n + val
-            if val >= 2**62:
-                return n
-            return sympy.Integer(val)
-        # a symbolic bound (``x[-k:]``): negative ones count from the end, as in Python
+        if e.is_number and n.is_number:
+            val, size = int(e), int(n)
+            return sympy.Integer(min(max(val + size if val < 0 else val, 0), size))
+        if e.is_number and int(e) >= 2**62:  # ``x[a:]`` traced with a huge end
+            return n
         if e.is_negative:
             return sympy.Max(n + e, 0)
         if e.is_nonnegative:
-            return e
+            return sympy.Min(e, n)
         # unknown sign (``-(n // 3)`` is 0 for n < 3, and ``x[-0:]`` is all of x): ATen's slice
         raise LoweringError("aten.slice", f"a bound of unknown sign ({e})")
 
-    lo = norm(start, sympy.Integer(0))
-    hi = norm(end, n)
-    if not n.is_number and not hi.is_number:
-        hi = sympy.Min(hi, n)
-    return lo, hi
+    return norm(start, sympy.Integer(0)), norm(end, n)
 
 
 def select(v: TensorValue, dim: int, index: Any) -> TensorValue:
