@@ -20,6 +20,7 @@ from .sdk import versions
 from .sdk.backend import ConvolutionInfo
 from .config import Config
 from .config import active as config_active
+from .eager_only import eager_only
 from .errors import LoweringError
 from .graph import GraphLowering, LoweredGraph
 from .graph_key import GraphKey
@@ -223,6 +224,9 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     if hit is not None:
         report_output_strides(hit[1].output_strides)
         return _loaded(hit, config, kind, mutates, example_inputs, static, reg)
+    left = eager_only(gm)
+    if left is not None:
+        return _eager_graph(gm, kind, LoweringError(*left))
     eager_outputs = traced_outputs(gm)  # the outputs as traced (before passes): returned in these strides
     # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
     reference = selfcheck.reference_graph(gm) if config.check else None
@@ -518,7 +522,7 @@ def report_output_strides(strides: list[tuple[int, ...] | None] | None) -> None:
 def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:
     """The last resort when a graph holds something Coil cannot even call (say, a node kind
     it does not know): run the graph as it is, and say so in the report."""
-    log.warning("coil: running a %s graph without compiling it: %s", kind, exc)
+    log.warning("coil: running the %s graph without compiling it: %s", kind, exc)
     report = GraphReport(f"graph{next(_graph_ids)}", kind, [],
                          [FallbackRecord("<whole graph>", str(exc), "fallback")], 0, {}, [], gm.code)
     for obs in list(_observers):
