@@ -74,6 +74,17 @@ def test_integer_division_by_minus_one_wraps_as_in_eager(dtype):
     check(lambda a, b: (a // b, a % b, torch.fmod(a, b)), a, b)
 
 
+def test_integer_powers_constants_and_uint8_casts_as_in_eager():
+    """Cases the Triton plugin computed with Triton's or LLVM's semantics (session 31; see
+    ``tests/test_triton_semantics.py``): here for the GPU run."""
+    i32, u8 = torch.int32, torch.uint8
+    check(lambda a, b: a ** b, torch.tensor([-3, 3, 7, 2, -1, 5], dtype=i32),
+          torch.tensor([3, 25, 0, -1, -3, 13], dtype=i32), atol=0, rtol=0)
+    check(lambda a: (a + -1, a == -1, a * 300), torch.tensor([0, 255, 7], dtype=u8), atol=0, rtol=0)
+    check(lambda x: (x * 1).to(u8), torch.tensor([-1.0, -2.5, 3.7, 255.0]), atol=0, rtol=0)
+    check(lambda a: a.cumsum(0), torch.tensor([1.0, 2.0, 3.0]))
+
+
 @pytest.mark.skipif(TEST_BACKEND != "cpu_cpp" or torch.get_default_device().type != "cpu",
                     reason="eager raises on the CPU only; the C++ plugin's check")
 @pytest.mark.parametrize("f", [lambda a, b: a // b, lambda a, b: a % b, lambda a, b: torch.fmod(a, b) + 1,

@@ -47,6 +47,9 @@ def _representative_kernels() -> list:
         # shifts by a constant count past the width, and by counts read from memory (signed, unsigned)
         (lambda a, b, c: (a >> 64, a << 8, a >> (b % 70), c << 9, c >> (c % 12), b >> 65),
          (torch.tensor([5, -5, 100], dtype=torch.int8), torch.tensor([3, 64, 70]), torch.tensor([1, 9, 200], dtype=torch.uint8))),
+        # integer powers, divisions by -1, casts to uint8 and a one-row scan
+        (lambda a, b, f: (a ** b, a // b, a % b, torch.fmod(a, b), (f * 1).to(torch.uint8), f.cumsum(0), a + -1),
+         (torch.tensor([3, -7, 2], dtype=torch.int32), torch.tensor([3, -1, 5], dtype=torch.int32), torch.tensor([-1.0, 2.5]))),
     ]
     for fn, args in cases:
         generated += _run(TritonBackend(interpret=True), fn, args)

@@ -435,13 +435,16 @@ class KernelWriter(ValueVisitor[Scope, str]):
             return f"({x} != 0)"
         if dst in HALF:
             return self.narrow(x, dst)
+        if dst == torch.uint8 and src.is_floating_point:  # -1.0 is 255, as eager (through an
+            return f"{x}.to(tl.int32).to(tl.uint8)"       # integer); LLVM's fptoui gives 0
         return f"{x}.to({compute(dst)})"
 
     def narrow(self, x: str, dtype: torch.dtype) -> str:
         """``x`` rounded to a half type, kept in float32."""
         if self.interpret and dtype == torch.bfloat16:
             return f"round_bf16(({x}).to(tl.float32))"
-        return f"({x}).to({STORAGE[dtype]}).to(tl.float32)"
+        # through float32, as eager rounds a float64 (rounding it once differs at ties)
+        return f"({x}).to(tl.float32).to({STORAGE[dtype]}).to(tl.float32)"
 
     def _load(self, v: Load, scope: Scope) -> str:
         for ind in v.indirect:

@@ -42,8 +42,12 @@ def literal(value: object, dtype: torch.dtype, shape: str) -> str:
         if v == 0 and math.copysign(1.0, v) < 0:  # Triton makes every constant equal to 0 a +0.0
             return f"(tl.full({shape}, 0.0, {compute(dtype)}) * -1.0)"
         text = f'float("{v}")' if math.isnan(v) or math.isinf(v) else repr(v)
-    else:
-        text = str(int(value))  # type: ignore[call-overload]
+    else:  # wrapped to the dtype's width, as eager converts it (uint8 + -1 adds 255)
+        bits = torch.iinfo(dtype).bits
+        v = int(value) & ((1 << bits) - 1)  # type: ignore[call-overload]
+        if dtype.is_signed and v >= 1 << (bits - 1):
+            v -= 1 << bits
+        text = str(v)
     return f"tl.full({shape}, {text}, {compute(dtype)})"
 
 
@@ -106,7 +110,7 @@ OPS: dict[str, Spelling] = {
     "minimum": _float_or_int(lambda a: f"min_nan({a[0]}, {a[1]})", lambda a: f"tl.minimum({a[0]}, {a[1]})"),
     "clamp_min": _float_or_int(lambda a: f"clamp_below({a[0]}, {a[1]})", lambda a: f"tl.maximum({a[0]}, {a[1]})"),
     "clamp_max": _float_or_int(lambda a: f"clamp_above({a[0]}, {a[1]})", lambda a: f"tl.minimum({a[0]}, {a[1]})"),
-    "pow": _math("pow"), "atan2": _math("atan2"), "hypot": _math("hypot"),
+    "pow": _int_or("int_pow", _math("pow")), "atan2": _math("atan2"), "hypot": _math("hypot"),
     "copysign": _math("copysign"), "nextafter": _math("nextafter"),
     "eq": _infix("=="), "ne": _infix("!="), "lt": _infix("<"), "le": _infix("<="),
     "gt": _infix(">"), "ge": _infix(">="),

@@ -59,28 +59,64 @@ def argmin_combine(va, ia, vb, ib):
 
 
 def int_floordiv(a, b):
-    # Python's floor division; division by zero gives 0 (Coil's contract), not a trap
-    safe = tl.where(b == 0, 1, b)
-    q = a // safe
+    # Python's floor division; division by zero gives 0 (Coil's contract), not a trap. A
+    # divisor of -1 negates (INT_MIN wraps to itself, as eager): LLVM leaves INT_MIN / -1
+    # undefined
+    if a.dtype.is_int_signed():
+        minus = b == -1
+        safe = tl.where((b == 0) | minus, 1, b)
+        q = tl.where(minus, 0 - a, a // safe)
+    else:
+        safe = tl.where(b == 0, 1, b)
+        q = a // safe
     fix = ((a % safe) != 0) & ((a < 0) != (safe < 0))
     return tl.where(b == 0, 0, tl.where(fix, q - 1, q))
 
 
 def int_truncdiv(a, b):
+    if a.dtype.is_int_signed():
+        minus = b == -1
+        safe = tl.where((b == 0) | minus, 1, b)
+        return tl.where(b == 0, 0, tl.where(minus, 0 - a, a // safe))
     safe = tl.where(b == 0, 1, b)
     return tl.where(b == 0, 0, a // safe)
 
 
 def int_remainder(a, b):
-    safe = tl.where(b == 0, 1, b)
+    # x % -1 is 0: the divisor becomes 1 (INT_MIN % -1 is undefined in LLVM)
+    if a.dtype.is_int_signed():
+        safe = tl.where((b == 0) | (b == -1), 1, b)
+    else:
+        safe = tl.where(b == 0, 1, b)
     r = a % safe
     fix = (r != 0) & ((r < 0) != (safe < 0))
     return tl.where(b == 0, 0, tl.where(fix, r + safe, r))
 
 
 def int_fmod(a, b):
-    safe = tl.where(b == 0, 1, b)
+    if a.dtype.is_int_signed():
+        safe = tl.where((b == 0) | (b == -1), 1, b)
+    else:
+        safe = tl.where(b == 0, 1, b)
     return tl.where(b == 0, 0, a % safe)
+
+
+def int_pow(a, b):
+    # a ** b of integers by repeated squaring, wrapping as eager's kernels (the float pow
+    # truncated 3 ** 3 to 26 and saturated on overflow); a negative exponent gives 1 for a
+    # base of 1, +-1 for -1 and 0 otherwise, as eager
+    base = a + b * 0
+    e = b + a * 0
+    result = base * 0 + 1
+    for _ in tl.static_range(tl.constexpr(a.dtype.primitive_bitwidth)):
+        result = tl.where((e & 1) != 0, result * base, result)
+        base = base * base
+        e = e >> 1
+    if a.dtype.is_int_signed():
+        odd = (b & 1) != 0
+        negative = tl.where(a == 1, 1, tl.where(a == -1, tl.where(odd, -1, 1), 0))
+        result = tl.where(b < 0, negative, result)
+    return result.to(a.dtype)
 
 
 def int_shift_left(a, b):
@@ -121,4 +157,4 @@ def interpreted_loop_bound(n):
 HELPERS = ("loop_bound", "round_bf16", "max_nan", "min_nan", "clamp_below", "clamp_above", "add_combine",
            "mul_combine", "or_combine", "and_combine",
            "argmax_combine", "argmin_combine", "int_floordiv", "int_truncdiv",
-           "int_remainder", "int_fmod", "int_shift_left", "int_shift_right")
+           "int_remainder", "int_fmod", "int_pow", "int_shift_left", "int_shift_right")

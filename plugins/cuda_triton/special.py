@@ -119,7 +119,8 @@ class _ScanWriter(_SpecialWriter):
                 else:
                     w.line("s = tl.cumprod(v, 1) * carry")
                     w.line("carry = carry * tl.reduce(v, 1, mul_combine)[:, None]")
-                ptr = self.pointer(node.name, node.store_index, "[XBLOCK, RBLOCK]")
+                # a scan of one row has a store index without x: broadcast it to the mask's shape
+                ptr = f'tl.broadcast_to({self.pointer(node.name, node.store_index, "[XBLOCK, RBLOCK]")}, [XBLOCK, RBLOCK])'
                 w.line(f"tl.store({ptr}, s.to({STORAGE[node.layout.dtype]}), xmask & rmask)")
         n = int(self.rnumel) if self.rnumel.is_number else 1024
         rblock = min(pow2_at_least(n), 1024)
