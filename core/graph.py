@@ -216,7 +216,7 @@ class GraphLowering:
                 metas = [n.meta.get("val") if isinstance(n, torch.fx.Node) else None for n in flat]
                 eager = (self.eager_outputs if self.eager_outputs is not None
                          and len(self.eager_outputs) == len(flat) else metas)
-                views = self._aliased_outputs(flat)
+                views = {**self._aliased_outputs(flat), **self._input_views(flat)}
                 outputs = [views[i] if i in views else
                            self._output(self.env[n] if isinstance(n, torch.fx.Node) else n, meta,
                                         eager=None if i in self.free_outputs else eager[i])
@@ -485,6 +485,15 @@ class GraphLowering:
                                 tuple(to_sympy(st) for st in meta.stride()), to_sympy(meta.storage_offset()))
                 views[i] = GraphOutput(r.name, layout)
         return views
+
+    def _input_views(self, flat: list[Any]) -> dict[int, GraphOutput]:
+        """Outputs eager returns as views of a graph input (:func:`coil.output_aliases.input_views`)."""
+        names = {node: value.name for node in self.gm.graph.find_nodes(op="placeholder")
+                 if isinstance(value := self.env.get(node), Realized)}
+        skip = self.free_outputs | {i for i, n in enumerate(flat) if isinstance(n, torch.fx.Node) and isinstance(
+            self.env.get(n), Realized) and self.env[n].name in self.input_names}  # already views of an input
+        return {i: GraphOutput(name, layout) for i, (name, layout) in
+                output_aliases.input_views(self.gm.graph, flat, names, skip).items()}
 
     def _output(self, value: Any, meta: Any, *, eager: Any = None) -> GraphOutput:
         """A graph output (``meta``: its node's value). A lazy value is written in that

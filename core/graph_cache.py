@@ -21,6 +21,7 @@ wrapper constant of an unknown kind, a backend whose ``export_module`` returns N
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import time
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ SUFFIX = ".graph"
 
 #: Names every wrapper's namespace starts with (``WrapperWriter``), restored by name.
 _WRAPPER_GLOBALS: dict[str, Any] = {
-    "torch": torch, "empty_strided": torch.empty_strided, "reinterpret": wrapper_mod.reinterpret,
+    "torch": torch, "math": math, "empty_strided": torch.empty_strided, "reinterpret": wrapper_mod.reinterpret,
     "restride": wrapper_mod.restride, "allocator": wrapper_mod.allocator}
 
 

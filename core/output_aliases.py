@@ -9,9 +9,12 @@ its full size). This module finds such outputs from the traced values (fake tens
 storage share it, with their offsets and strides), so the lowering can write their base once
 and return each of them as a view of it, with eager's sizes, strides and offset.
 
-Outputs over a graph input's storage are left out (AOTAutograd rebuilds those), as are
-outputs whose layout the compiler chooses (a training graph's saved values) and views that
-change the dtype."""
+Outputs over a graph input's storage are left out of those groups, as are outputs whose
+layout the compiler chooses (a training graph's saved values) and views that change the
+dtype. Outputs that are views of a graph input are returned as views of its buffer
+(:func:`input_views`): AOTAutograd rebuilds them from the input with the strides and offset
+it gets back where it cannot replay the views (symbolic ones), and a compact copy pointed at
+the input's first rows (found by a hunt against eager, session 31)."""
 from __future__ import annotations
 
 import operator
@@ -21,7 +24,12 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
+from .errors import LoweringError
+from .ir import Expr, Layout
 from .lowering.context import layout_from_meta
+from .lowering.values import to_sympy
+
+aten = torch.ops.aten
 
 
 @dataclass(frozen=True)
@@ -49,7 +57,7 @@ def groups(outputs: Sequence[Any], skip: frozenset[int] = frozenset()) -> list[A
     for key, members in by_storage.items():
         if len(members) < 2 and not _expanded(_meta(outputs[members[0]])):
             continue
-        bases = {_view_base(outputs[i]) for i in members}
+        bases = {view_base(outputs[i]) for i in members}
         if len(bases) != 1:
             continue
         base = bases.pop()
@@ -80,7 +88,7 @@ def _is_view(target: Any) -> bool:
     return isinstance(target, torch._ops.OpOverload) and target.is_view
 
 
-def _view_base(node: torch.fx.Node) -> torch.fx.Node:
+def view_base(node: torch.fx.Node) -> torch.fx.Node:
     """The node whose value ``node`` views, through view ops and the items of multi-output
     views (``unbind``, ``split``); ``node`` itself when it is no view."""
     while node.op == "call_function":
@@ -92,3 +100,46 @@ def _view_base(node: torch.fx.Node) -> torch.fx.Node:
             continue
         break
     return node
+
+
+def input_views(graph: torch.fx.Graph, outputs: Sequence[Any], names: dict[torch.fx.Node, str],
+                skip: set[int] | frozenset[int]) -> dict[int, tuple[str, Layout]]:
+    """Position -> (input buffer name, layout) for outputs eager returns as views of a graph
+    input (``names``: placeholder -> its buffer): a view of the input itself, or a view of the
+    value the graph writes back into a mutated input (``x.add_(1); return x[n:]`` traces as
+    a slice of ``add`` and ``copy_(x, add)``), with the traced sizes, strides and offset."""
+    written: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in graph.find_nodes(op="call_function", target=aten.copy_.default):
+        dst, src = node.args[0], node.args[1]
+        if isinstance(dst, torch.fx.Node) and dst in names and isinstance(src, torch.fx.Node):
+            written.setdefault(src, dst)
+    by_storage: dict[int, torch.fx.Node] = {}
+    for node in names:
+        if (meta := _meta(node)) is not None:
+            by_storage.setdefault(_storage(meta), node)
+    views: dict[int, tuple[str, Layout]] = {}
+    for i, node in enumerate(outputs):
+        meta = _meta(node)
+        if meta is None or i in skip:
+            continue
+        offset = to_sympy(meta.storage_offset())
+        placeholder = by_storage.get(_storage(meta))
+        if placeholder is None:
+            source = view_base(node)
+            placeholder = written.get(source)
+            if placeholder is None:
+                continue
+            into, traced = _meta(placeholder), _meta(source)
+            if into is None or traced is None or _sizes(into.size()) != _sizes(traced.size()) or \
+                    _sizes(into.stride()) != _sizes(traced.stride()) or traced.storage_offset() != 0:
+                raise LoweringError("output", "a view of a mutated input, in a layout other than the input's")
+            offset = to_sympy(into.storage_offset()) + offset
+        if meta.dtype != _meta(placeholder).dtype:
+            continue
+        views[i] = (names[placeholder], Layout(meta.dtype, meta.device, _sizes(meta.size()), _sizes(meta.stride()),
+                                               offset))
+    return views
+
+
+def _sizes(values: Any) -> tuple[Expr, ...]:
+    return tuple(to_sympy(v) for v in values)

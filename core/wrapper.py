@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -115,7 +116,8 @@ class WrapperWriter:
         self.steps = steps
         self.plan = plan
         self.launchers = launchers
-        self.ns: dict[str, Any] = {"torch": torch, "empty_strided": torch.empty_strided,
+        # math: sizes derived from float ones print as ``math.trunc(...)`` (torch's printer)
+        self.ns: dict[str, Any] = {"torch": torch, "math": math, "empty_strided": torch.empty_strided,
                                    "reinterpret": reinterpret, "allocator": allocator}
         self.allocators: dict[torch.device, str] = {}  # device -> this call's allocator's name
         if profile_kernels:

@@ -4,6 +4,7 @@ next kernel was generated for. Each case here once gave a wrong result with no e
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -342,6 +343,56 @@ def test_a_symbolic_slice_of_a_constant_table_and_writes_through_one_stay_inside
         x.sin()[-4:].sum().backward()
         compiled(x2).sum().backward()
         torch.testing.assert_close(x2.grad, x.grad)
+    torch._dynamo.reset()
+
+
+_ROWS = torch.arange(40.0).reshape(10, 4)
+
+
+@pytest.mark.parametrize("f", [
+    lambda x, y: x[-y.shape[0]] * 1, lambda x, y: x[y.shape[0] - x.shape[0] + 1] * 1,
+    lambda x, y: x.select(1, -y.shape[0]) * 1, lambda x, y: (x * 3)[-y.shape[0]],
+], ids=["negative", "unknown_sign", "dim1", "lazy"])
+def test_a_symbolic_negative_index_counts_from_the_end(f):
+    """``x[-n]`` with a symbolic n read the rows before x (session 31)."""
+    compiled = torch.compile(f, backend="coil", dynamic=True)
+    for n in [2, 3, 1]:
+        x, y = _ROWS[5:], torch.zeros(n)
+        torch.testing.assert_close(compiled(x, y), f(x, y), atol=0, rtol=0)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: x[: int(x.shape[0] * 0.5)] * 2, lambda x: x[: math.ceil(x.shape[0] / 3)] * 2,
+    lambda x: F.interpolate(x.view(1, 1, -1, 1), scale_factor=1.5, mode="bilinear", align_corners=True),
+], ids=["trunc", "ceil", "interpolate"])
+def test_sizes_computed_from_floats(f):
+    """A size derived from a float one printed as ``math.trunc(...)`` in a wrapper without
+    ``math`` (a NameError on every call, session 31)."""
+    compiled = torch.compile(f, backend="coil", dynamic=True)
+    for n in [7, 9, 4]:
+        x = torch.arange(float(n))
+        torch.testing.assert_close(compiled(x), f(x))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dynamic", [True, None, False])
+def test_a_view_of_a_mutated_input_is_a_view_of_it(dynamic):
+    """``x.add_(1); return x[n:]`` with a symbolic n: AOTAutograd rebuilt the output from x
+    with the offset of Coil's compact copy (0), so it showed x's first rows (session 31)."""
+    def f(x, y):
+        x.add_(1)
+        return x[y.shape[0]:], x[y.shape[0]], x[1:1 + y.shape[0]].t()
+
+    compiled = torch.compile(f, backend="coil", dynamic=dynamic)
+    for n in [3, 2, 1]:
+        x = torch.arange(10.0).reshape(5, 2)
+        x_eager = x.clone()
+        for got, expected in zip(compiled(x, torch.zeros(n)), f(x_eager, torch.zeros(n))):
+            assert torch.equal(got, expected) and got.stride() == expected.stride()
+            assert got.storage_offset() == expected.storage_offset()
+            assert got.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        assert torch.equal(x, x_eager)
     torch._dynamo.reset()
 
 

@@ -114,8 +114,10 @@ def _clamp_bounds(n: Expr, start: Any, end: Any) -> tuple[Expr, Expr]:
 def select(v: TensorValue, dim: int, index: Any) -> TensorValue:
     dim = dim % v.ndim
     i = to_sympy(index)
-    if i.is_number and int(i) < 0:
+    if i.is_negative or (i.is_number and int(i) < 0):  # counts from the end, symbolic or not
         i = v.size[dim] + i
+    elif not i.is_nonnegative:  # ``x[m - n]``: ATen's select wraps it at run time
+        raise LoweringError("aten.select", f"an index of unknown sign ({i})")
     size = [n for d, n in enumerate(v.size) if d != dim]
     if isinstance(v, Realized):
         stride = [s for d, s in enumerate(v.layout.stride) if d != dim]
