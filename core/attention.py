@@ -331,10 +331,13 @@ def _emit_call(emit: Emitter, q: Any, k_source: Any, k_perm: tuple[int, ...], v:
         mask = emit.method("unsqueeze", mask, 0)
     out = emit.function(F.scaled_dot_product_attention, *operands, attn_mask=mask, dropout_p=0.0,
                         is_causal=causal, scale=chain.scale)
-    if mask is not None and value(mask).dtype == torch.bool:
+    if mask is not None:
         # a row whose every key is masked out with -inf is NaN in eager (softmax of -inf
         # everywhere); SDPA's kernels give 0 or NaN depending on the kernel: keep eager's NaN
-        attended = emit.method("any", mask, -1, keepdim=True)
+        # (an additive mask of -inf too, found by a hunt against eager, session 31; a float32
+        # mask clamped for a bfloat16 call has lost its -inf and gives the uniform average)
+        keep = mask if value(mask).dtype == torch.bool else emit.function(torch.ne, mask, float("-inf"))
+        attended = emit.method("any", keep, -1, keepdim=True)
         out = emit.function(torch.where, attended, out, float("nan"))
     for _ in range(pad):
         out = emit.method("squeeze", out, ndim - 2)

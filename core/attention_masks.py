@@ -14,7 +14,11 @@ then the padding mask). :func:`read_mask` turns one such step into a :class:`Mas
   fill, SDPA's are ``score + fill``, equal only then, and a row filled everywhere stays
   uniform as in eager. A float32 mask for a bfloat16 call is clamped to bfloat16's range
   before the cast (autocast would round ``finfo(float32).min`` to -inf, and a fully masked
-  row to zeros or NaN); one for a float16 call is refused (its range cannot hold
+  row to zeros or NaN), and accepted only where it is known to hold 0, -inf and swamping
+  fills (:func:`_zero_or_swamping`: Hugging Face's ``(1 - mask) * finfo.min``, fills of a
+  bool condition): a float32 position bias (ALiBi, T5, Swin) rounded to bfloat16 moved the
+  weights by up to 0.18 where eager adds it in float32 (session 31), so that chain stays as
+  written. One for a float16 call is refused (its range cannot hold
   ``finfo(float32).min``-style masks with the same effect)."""
 from __future__ import annotations
 
@@ -119,7 +123,62 @@ def attn_mask(emit: Emitter, masks: list[Mask], dtype: torch.dtype) -> tuple[tor
         added = mask.tensor if mask.kind == "additive" else _as_additive(emit, mask)
         total = added if total is None else emit.function(torch.add, total, added)
     assert total is not None
+    if dtype == torch.bfloat16 and value(total).dtype == torch.float32 and \
+            not all(m.kind != "additive" or _zero_or_swamping(m.tensor) for m in masks):
+        # a position bias (ALiBi, T5, Swin) rounded to bfloat16 moved the weights by up to
+        # 0.18 where eager adds it in float32 (found by a hunt against eager, session 31)
+        raise Refused("a float32 additive mask that may hold values bfloat16 rounds (a position bias)")
     return _in_dtype(emit, total, dtype), False
+
+
+_SHAPES = ("reshape", "cast", "transpose", "permute", "t", "getitem")
+
+
+def _swamping(number: float | None) -> bool:
+    return number is not None and number < 0 and (number == float("-inf") or number <= SWAMPING_FILL)
+
+
+def _zero_one(node: object, depth: int = 0) -> float:
+    """The smallest magnitude other than 0 that ``node`` may hold, where it holds no more than
+    0 and numbers at least that large and not above 1 (else 0.0): 1.0 for a bool or integer
+    mask (an integer attention mask is 0/1 by convention), cast or re-shaped; 2**-24 for
+    ``1 - x`` of a float32 x (Hugging Face's ``(1 - mask) * finfo.min``: 1 - x is 0 or at least
+    2**-24; where x > 1 the product is huge and positive, garbage in eager as in the call)."""
+    fake = value(node)
+    if isinstance(fake, torch.Tensor) and (fake.dtype == torch.bool or not fake.is_floating_point()):
+        return 1.0
+    call = canonical(node)
+    if call is None or depth > 8:
+        return 0.0
+    if call.op in _SHAPES:
+        return _zero_one(call["input"], depth + 1)
+    if call.op != "sub" or constant(call["input"]) != 1:
+        return 0.0
+    other = value(call["other"])
+    if isinstance(other, torch.Tensor) and other.dtype == torch.float32:
+        return 2.0 ** -24
+    return _zero_one(call["other"], depth + 1)
+
+
+def _zero_or_swamping(node: object, depth: int = 0) -> bool:
+    """Whether every value of ``node`` is 0, -inf or a number that swamps any score
+    (``(1 - mask) * finfo.min``, a masked_fill of such a mask): bfloat16 rounds none of them
+    into a value a softmax tells apart."""
+    call = canonical(node)
+    if call is None or depth > 8:
+        return False
+    if call.op in _SHAPES:
+        return _zero_or_swamping(call["input"], depth + 1)
+    a, b = call["input"], call["other"]
+    if call.op == "mul":
+        return any(c is not None and _swamping(c * _zero_one(x)) for c, x in ((constant(b), a), (constant(a), b)))
+    if call.op == "add":
+        return _zero_or_swamping(a, depth + 1) and _zero_or_swamping(b, depth + 1)
+    if call.op == "masked_fill":
+        return _swamping(constant(call["value"])) and _zero_or_swamping(a, depth + 1)
+    if call.op == "where":
+        return all(constant(x) == 0 or _swamping(constant(x)) or _zero_or_swamping(x, depth + 1) for x in (a, b))
+    return False
 
 
 def check_order(masks: list[Mask], new: Mask) -> None:

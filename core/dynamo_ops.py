@@ -70,6 +70,8 @@ _spell("div", _BINARY, functions=(torch.div, torch.divide, torch.true_divide, op
        methods=("div", "divide", "true_divide", "__truediv__"), defaults={"rounding_mode": None})
 _spell("add", _BINARY, functions=(torch.add, operator.add), methods=("add", "__add__", "__radd__"),
        defaults={"alpha": 1})
+_spell("sub", _BINARY, functions=(torch.sub, torch.subtract, operator.sub), methods=("sub", "subtract", "__sub__"),
+       defaults={"alpha": 1})
 _spell("masked_fill", ("input", "mask", "value"), functions=(torch.masked_fill,),
        methods=("masked_fill",))
 _spell("where", ("condition", "input", "other"), functions=(torch.where,))

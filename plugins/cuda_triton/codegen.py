@@ -433,8 +433,8 @@ class KernelWriter(ValueVisitor[Scope, str]):
     def _cast(self, x: str, src: torch.dtype, dst: torch.dtype) -> str:
         if dst == torch.bool:
             return f"({x} != 0)"
-        if dst in HALF:
-            return self.narrow(x, dst)
+        if dst in HALF:  # a float64 through float32, as eager rounds it (once differs at ties)
+            return self.narrow(f"({x}).to(tl.float32)" if src == torch.float64 else x, dst)
         if dst == torch.uint8 and src.is_floating_point:  # -1.0 is 255, as eager (through an
             return f"{x}.to(tl.int32).to(tl.uint8)"       # integer); LLVM's fptoui gives 0
         return f"{x}.to({compute(dst)})"
@@ -443,8 +443,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
         """``x`` rounded to a half type, kept in float32."""
         if self.interpret and dtype == torch.bfloat16:
             return f"round_bf16(({x}).to(tl.float32))"
-        # through float32, as eager rounds a float64 (rounding it once differs at ties)
-        return f"({x}).to(tl.float32).to({STORAGE[dtype]}).to(tl.float32)"
+        return f"({x}).to({STORAGE[dtype]}).to(tl.float32)"
 
     def _load(self, v: Load, scope: Scope) -> str:
         for ind in v.indirect:
