@@ -44,7 +44,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .attention_masks import Mask, Refused, attn_mask, check_order, kind_of, read_mask
+from .attention_masks import Mask, Refused, attn_mask_and_keys, check_order, kind_of, read_mask
 from .dynamo_ops import (Call, Emitter, canonical, constant, erase_unused, has_effects, permutation,
                          same_shape, value)
 
@@ -319,7 +319,7 @@ def _emit_call(emit: Emitter, q: Any, k_source: Any, k_perm: tuple[int, ...], v:
     ndim = value(q).dim()
     k = k_source if k_perm == tuple(range(ndim)) else emit.method("permute", k_source, *k_perm)
     operands = [emit.cast(x, dtype) for x in (q, k, v)]
-    mask, causal = attn_mask(emit, chain.masks, dtype)
+    mask, causal, keys = attn_mask_and_keys(emit, chain.masks, dtype)
     # a 2-d or 3-d call runs as 4-d with heads of size 1: (B, 1, L, E) keeps the output
     # contiguous where a flash kernel writes (B, L, H, E)
     pad = 4 - ndim
@@ -327,17 +327,18 @@ def _emit_call(emit: Emitter, q: Any, k_source: Any, k_perm: tuple[int, ...], v:
         operands = [emit.method("unsqueeze", x, ndim - 2) for x in operands]
         if mask is not None and value(mask).dim() > 2:
             mask = emit.method("unsqueeze", mask, value(mask).dim() - 2)
+            keys = emit.method("unsqueeze", keys, value(keys).dim() - 2)
     if mask is not None and value(mask).dim() < 2:
         mask = emit.method("unsqueeze", mask, 0)
+        keys = emit.method("unsqueeze", keys, 0)
     out = emit.function(F.scaled_dot_product_attention, *operands, attn_mask=mask, dropout_p=0.0,
                         is_causal=causal, scale=chain.scale)
-    if mask is not None:
+    if keys is not None:
         # a row whose every key is masked out with -inf is NaN in eager (softmax of -inf
         # everywhere); SDPA's kernels give 0 or NaN depending on the kernel: keep eager's NaN
-        # (an additive mask of -inf too, found by a hunt against eager, session 31; a float32
-        # mask clamped for a bfloat16 call has lost its -inf and gives the uniform average)
-        keep = mask if value(mask).dtype == torch.bool else emit.function(torch.ne, mask, float("-inf"))
-        attended = emit.method("any", keep, -1, keepdim=True)
+        # (an additive mask of -inf too, read before clamping: found by a hunt against eager
+        # and a review, session 31)
+        attended = emit.method("any", keys, -1, keepdim=True)
         out = emit.function(torch.where, attended, out, float("nan"))
     for _ in range(pad):
         out = emit.method("squeeze", out, ndim - 2)

@@ -112,12 +112,21 @@ def _filled(call: Call, scores: torch.fx.Node) -> Mask:
 
 def attn_mask(emit: Emitter, masks: list[Mask], dtype: torch.dtype) -> tuple[torch.fx.Node | None, bool]:
     """``(attn_mask, is_causal)`` for a call in ``dtype`` that applies ``masks`` in order."""
+    mask, causal, _ = attn_mask_and_keys(emit, masks, dtype)
+    return mask, causal
+
+
+def attn_mask_and_keys(emit: Emitter, masks: list[Mask], dtype: torch.dtype
+                       ) -> tuple[torch.fx.Node | None, bool, torch.fx.Node | None]:
+    """:func:`attn_mask`, and a bool tensor of the mask's shape, True where a key is not
+    masked out with -inf (read before a float32 mask is clamped for a bfloat16 call)."""
     if not masks:
-        return None, False
+        return None, False, None
     if len(masks) == 1 and masks[0].kind == "causal":
-        return None, True
+        return None, True, None
     if len(masks) == 1 and masks[0].kind == "bool":
-        return (masks[0].tensor if masks[0].attend else _negated(emit, masks[0].tensor)), False
+        mask = masks[0].tensor if masks[0].attend else _negated(emit, masks[0].tensor)
+        return mask, False, mask
     total = None
     for mask in masks:
         added = mask.tensor if mask.kind == "additive" else _as_additive(emit, mask)
@@ -128,7 +137,8 @@ def attn_mask(emit: Emitter, masks: list[Mask], dtype: torch.dtype) -> tuple[tor
         # a position bias (ALiBi, T5, Swin) rounded to bfloat16 moved the weights by up to
         # 0.18 where eager adds it in float32 (found by a hunt against eager, session 31)
         raise Refused("a float32 additive mask that may hold values bfloat16 rounds (a position bias)")
-    return _in_dtype(emit, total, dtype), False
+    keys = emit.function(torch.ne, total, float("-inf"))
+    return _in_dtype(emit, total, dtype), False, keys
 
 
 _SHAPES = ("reshape", "cast", "transpose", "permute", "t", "getitem")
@@ -152,7 +162,7 @@ def _zero_one(node: object, depth: int = 0) -> float:
         return 0.0
     if call.op in _SHAPES:
         return _zero_one(call["input"], depth + 1)
-    if call.op != "sub" or constant(call["input"]) != 1:
+    if call.op != "sub" or constant(call["input"]) != 1 or call["alpha"] != 1:
         return 0.0
     other = value(call["other"])
     if isinstance(other, torch.Tensor) and other.dtype == torch.float32:
@@ -169,11 +179,15 @@ def _zero_or_swamping(node: object, depth: int = 0) -> bool:
         return False
     if call.op in _SHAPES:
         return _zero_or_swamping(call["input"], depth + 1)
+    if call.op == "zeros":
+        return True
+    if call.op == "full":
+        return constant(call["fill_value"]) == 0 or _swamping(constant(call["fill_value"]))
     a, b = call["input"], call["other"]
     if call.op == "mul":
         return any(c is not None and _swamping(c * _zero_one(x)) for c, x in ((constant(b), a), (constant(a), b)))
     if call.op == "add":
-        return _zero_or_swamping(a, depth + 1) and _zero_or_swamping(b, depth + 1)
+        return call["alpha"] == 1 and _zero_or_swamping(a, depth + 1) and _zero_or_swamping(b, depth + 1)
     if call.op == "masked_fill":
         return _swamping(constant(call["value"])) and _zero_or_swamping(a, depth + 1)
     if call.op == "where":

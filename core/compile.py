@@ -22,7 +22,7 @@ from .config import Config
 from .config import active as config_active
 from .eager_only import eager_only
 from .errors import LoweringError
-from .graph import GraphLowering, LoweredGraph
+from .graph import GraphLowering, LoweredGraph, generated_here
 from .graph_key import GraphKey
 from .graph_report import GraphReport, KernelReport
 from .kernel import Kernel
@@ -232,7 +232,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     reference = selfcheck.reference_graph(gm) if config.check else None
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
-    bring_foreign_operands(gm)
+    bring_foreign_operands(gm, lambda node, device: generated_here(node, device, lowering_registry()))
     split_conv_bias(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     strides = _lay_out_convolutions(gm, example_inputs, kind, reg, config.training_channels_last,

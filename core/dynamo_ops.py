@@ -106,6 +106,8 @@ _spell("triu", ("input", "diagonal"), functions=(torch.triu,), methods=("triu",)
 _spell("ones", ("*size",), functions=(torch.ones,))
 _spell("ones", ("input",), functions=(torch.ones_like,))
 _spell("full", ("size", "fill_value"), functions=(torch.full,))
+_spell("zeros", ("*size",), functions=(torch.zeros,))
+_spell("zeros", ("input",), functions=(torch.zeros_like,))
 _spell("arange", ("*range",), functions=(torch.arange,))
 _spell("tensor", ("data",), functions=(torch.tensor, torch.scalar_tensor))
 

@@ -5,7 +5,8 @@
   are planned as values written into storage the wrapper owns, and the wrapper dropped the
   call, so the parameter kept its old value and training silently stalled.
 - A random op inside ``torch.utils.checkpoint`` puts the RNG-state higher-order ops
-  (``run_and_save_rng_state`` in the forward, ``run_with_rng_state`` in the backward) into
+  (``run_and_save_rng_state`` in the forward, ``run_with_rng_state`` in the backward;
+  ``graphsafe_run_with_rng_state`` in both where the partitioner makes CUDA graphs safe) into
   the graph, whose results Coil's fallback could not take apart (a ``TypeError`` at compile).
 
 Both found by a hunt against eager (session 31). Such graphs are rare and small; they run as
@@ -20,7 +21,7 @@ import torch.fx
 
 def _targets() -> dict[Any, str]:
     found: dict[Any, str] = {torch.ops.aten.set_: "the graph swaps a tensor's storage (`.data =`)"}
-    for name in ("run_and_save_rng_state", "run_with_rng_state"):
+    for name in ("run_and_save_rng_state", "run_with_rng_state", "graphsafe_run_with_rng_state"):
         op = getattr(torch.ops.higher_order, name, None)
         if op is not None:
             found[op] = "a random op under activation checkpointing (RNG-state higher-order op)"

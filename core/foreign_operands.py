@@ -13,7 +13,7 @@ data between devices themselves are left alone, as are ops whose outputs span de
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -51,9 +51,12 @@ def _on(val: torch.Tensor, device: torch.device) -> torch.Tensor:
         return torch.empty_strided(val.size(), val.stride(), dtype=val.dtype, device=device)
 
 
-def bring_foreign_operands(gm: torch.fx.GraphModule) -> int:
-    """Rewrite ``gm`` in place so that every op reads operands on its own device; the number
-    of operands replaced."""
+def bring_foreign_operands(gm: torch.fx.GraphModule,
+                           generated: Callable[[torch.fx.Node, torch.device], bool] = lambda n, d: True) -> int:
+    """Rewrite ``gm`` in place so that every op that ``generated`` says Coil's kernels will
+    compute reads operands on its own device; the number of operands replaced. Library calls
+    are left alone: ATen takes mixed devices as eager does, and some want a CPU operand
+    (``batch_sizes`` of a packed LSTM, cuDNN CTC's targets)."""
     graph = gm.graph
     copies: dict[tuple[torch.fx.Node, torch.device], torch.fx.Node] = {}
     names = (f"_coil_moved_constant{i}" for i in itertools.count())
@@ -65,6 +68,8 @@ def bring_foreign_operands(gm: torch.fx.GraphModule) -> int:
         if len(devices) != 1:
             continue
         (device,) = devices
+        if not generated(node, device):
+            continue
         for arg in node.all_input_nodes:
             val = arg.meta.get("val")
             if not isinstance(val, torch.Tensor) or val.device == device:

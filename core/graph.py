@@ -516,6 +516,14 @@ class GraphLowering:
         return GraphOutput(constant=value)
 
 
+def generated_here(node: torch.fx.Node, device: torch.device, registry: LoweringRegistry) -> bool:
+    """Whether ``node`` has a lowering of its own on ``device`` (a library op or one without
+    a lowering runs in ATen)."""
+    target = node.target
+    library = target in LIBRARY_OPS or getattr(target, "coil_library", False)
+    return not library and registry.lookup(target, device.type) is not None
+
+
 def _reread(value: Realized) -> Lazy:
     """A written buffer read back as a lazy value: realizing it copies it into a new layout."""
     return Lazy(value.dtype, value.device, tuple(value.layout.size), value.load)

@@ -122,9 +122,11 @@ def input_views(graph: torch.fx.Graph, outputs: Sequence[Any], names: dict[torch
         meta = _meta(node)
         if meta is None or i in skip:
             continue
-        offset = to_sympy(meta.storage_offset())
+        # the wrapper views a buffer at an offset from the buffer's own start
         placeholder = by_storage.get(_storage(meta))
-        if placeholder is None:
+        if placeholder is not None:
+            offset = to_sympy(meta.storage_offset()) - to_sympy(_meta(placeholder).storage_offset())
+        else:
             source = view_base(node)
             placeholder = written.get(source)
             if placeholder is None:
@@ -132,13 +134,19 @@ def input_views(graph: torch.fx.Graph, outputs: Sequence[Any], names: dict[torch
             into, traced = _meta(placeholder), _meta(source)
             if into is None or traced is None or _sizes(into.size()) != _sizes(traced.size()) or \
                     _sizes(into.stride()) != _sizes(traced.stride()) or traced.storage_offset() != 0:
+                if _static(meta):
+                    continue  # AOTAutograd replays a view of static sizes on the input itself
                 raise LoweringError("output", "a view of a mutated input, in a layout other than the input's")
-            offset = to_sympy(into.storage_offset()) + offset
+            offset = to_sympy(meta.storage_offset())
         if meta.dtype != _meta(placeholder).dtype:
             continue
         views[i] = (names[placeholder], Layout(meta.dtype, meta.device, _sizes(meta.size()), _sizes(meta.stride()),
                                                offset))
     return views
+
+
+def _static(meta: torch.Tensor) -> bool:
+    return all(isinstance(v, int) for v in (*meta.size(), *meta.stride(), meta.storage_offset()))
 
 
 def _sizes(values: Any) -> tuple[Expr, ...]:

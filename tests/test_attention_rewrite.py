@@ -653,3 +653,20 @@ def test_an_additive_minus_infinity_mask_over_a_whole_row_is_nan_as_in_eager():
     expected = _biased(q, k, v, mask)
     assert got.isnan().sum() == expected.isnan().sum() > 0
     torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-5, rtol=1e-4)
+
+
+def test_a_float32_minus_infinity_row_under_bf16_autocast_is_nan_as_in_eager():
+    """A float32 mask is clamped to bf16's range for the call; eager's NaN for a row whose
+    every key is -inf is read from the mask before the clamp (a review, session 31)."""
+    q, k, v = (x.detach() for x in _qkv())
+    pad = torch.tensor([[False] * S, [True] * S])
+
+    def fn(q, k, v, pad):
+        return _biased(q, k, v, torch.zeros(B, 1, 1, S).masked_fill(pad[:, None, None, :], float("-inf")))
+
+    before = collections.Counter(attention.rewrites)
+    with torch.autocast("cpu", torch.bfloat16):
+        got, expected = torch.compile(fn, backend="coil")(q, k, v, pad), fn(q, k, v, pad)
+    assert collections.Counter(attention.rewrites) - before == {"additive": 1}
+    assert got.isnan().sum() == expected.isnan().sum() > 0
+    torch.testing.assert_close(got, expected, equal_nan=True, atol=3e-2, rtol=3e-2)

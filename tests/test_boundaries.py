@@ -396,6 +396,33 @@ def test_a_view_of_a_mutated_input_is_a_view_of_it(dynamic):
     torch._dynamo.reset()
 
 
+def test_a_view_of_a_mutated_input_with_an_offset_of_its_own():
+    """The input a view of a larger tensor: its offset was counted twice (a review, session
+    31); a non-dense input of static sizes still compiles (AOTAutograd replays its views)."""
+    def f(x, y):
+        x.add_(1)
+        return x[y.shape[0]:]
+
+    compiled = torch.compile(f, backend="coil", dynamic=True)
+    for rows, n in [(10, 2), (6, 3), (12, 1)]:
+        base = torch.arange(2.0 * rows).reshape(rows, 2)
+        base_eager = base.clone()
+        got, expected = compiled(base[1:6], torch.zeros(n)), f(base_eager[1:6], torch.zeros(n))
+        assert torch.equal(got, expected) and got.storage_offset() == expected.storage_offset()
+        assert torch.equal(base, base_eager)
+    torch._dynamo.reset()
+
+    def g(x):
+        x.mul_(2)
+        return x[1:]
+
+    base, base_eager = torch.arange(24.0).reshape(6, 4), torch.arange(24.0).reshape(6, 4)
+    report = coil.explain(g, base[:, :3])
+    expected = g(base_eager[:, :3])
+    assert torch.equal(report.result, expected) and torch.equal(base, base_eager)
+    assert not any(f.op == "<whole graph>" for graph in report.graphs for f in graph.fallbacks)
+
+
 @pytest.mark.parametrize("size", [(2, 3, 1, 1), (2, 3, 1, 6), (2, 3, 4, 5)])
 def test_affine_grid_with_a_one_element_dim_compiles(size):
     """PyTorch's decomposition of ``affine_grid`` builds a one-element dim's grid with

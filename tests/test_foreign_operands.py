@@ -56,3 +56,10 @@ def test_one_copy_serves_every_reader_on_a_device():
     gm = _traced(lambda x, s: (x * s, x + s, x - s), ((5,), "meta"), ((), "cpu"))
     assert bring_foreign_operands(gm) == 3
     assert sum(n.target is aten._to_copy.default for n in gm.graph.nodes) == 1
+
+
+def test_ops_left_to_the_library_keep_their_operands():
+    """A library call takes mixed devices as eager does; some want a CPU operand."""
+    gm = _traced(lambda x, s: x * s + 1, ((5,), "meta"), ((), "cpu"))
+    assert bring_foreign_operands(gm, lambda node, device: node.target is not aten.mul.Tensor) == 0
+    assert _reads(gm, aten.mul.Tensor) == ["meta", "cpu"]

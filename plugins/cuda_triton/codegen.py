@@ -435,8 +435,8 @@ class KernelWriter(ValueVisitor[Scope, str]):
             return f"({x} != 0)"
         if dst in HALF:  # a float64 through float32, as eager rounds it (once differs at ties)
             return self.narrow(f"({x}).to(tl.float32)" if src == torch.float64 else x, dst)
-        if dst == torch.uint8 and src.is_floating_point:  # -1.0 is 255, as eager (through an
-            return f"{x}.to(tl.int32).to(tl.uint8)"       # integer); LLVM's fptoui gives 0
+        if dst == torch.uint8 and src.is_floating_point:  # -1.0 is 255, as eager (through
+            return f"{x}.to(tl.int64).to(tl.uint8)"       # int64); LLVM's fptoui gives 0
         return f"{x}.to({compute(dst)})"
 
     def narrow(self, x: str, dtype: torch.dtype) -> str:
