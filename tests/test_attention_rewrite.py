@@ -325,20 +325,6 @@ def test_finite_fill_keeps_fully_masked_rows_uniform():
     torch.testing.assert_close(out[0, :, 2], v[0].mean(-2).detach(), atol=1e-5, rtol=1e-5)
 
 
-def test_additive_float32_mask_under_autocast_keeps_masked_rows_uniform():
-    """Autocast would round finfo(float32).min to -inf in bf16 (rows of NaN or zeros); the
-    rewrite clamps the mask to bf16's range first. The mask is built in the graph, as Hugging
-    Face builds it (``(1 - keep) * finfo.min``: 0 or a swamping fill, which rounding keeps)."""
-    keep = torch.ones(B, 1, 1, S)
-    keep[0] = 0  # batch 0 hides every key
-    read = _rows_read(torch.arange(B)[:, None, None].expand(B, H, L) == 0)
-
-    def fn(q, k, v, keep):
-        return _additive(q, k, v, (1.0 - keep) * torch.finfo(torch.float32).min)
-
-    assert check_bf16(fn, *_qkv(), keep, read=read) == {"additive": 1}
-
-
 def test_view_that_needs_a_contiguous_result():
     """Eager's matmul result is contiguous and code may ``view`` it; q from a transpose gives
     SDPA a strided output, so the rewrite makes it contiguous."""
@@ -609,64 +595,3 @@ class _LastHiddenState(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-
-def _biased(q, k, v, bias):
-    s = q @ k.transpose(-1, -2) * E**-0.5 + bias
-    return s.softmax(-1).to(v.dtype) @ v
-
-
-def test_a_float32_position_bias_under_bf16_autocast_stays_float32():
-    """ALiBi-style bias in float32 under bf16 autocast: rounding it to bf16 for the call moved
-    the weights by up to 0.18 where eager adds it in float32 (session 31); the chain stays."""
-    q, k, v = (x.detach() for x in _qkv(96, 96, dtype=torch.float32))
-    pos = torch.arange(96.0)
-    bias = (torch.tensor([0.7, 0.35, 0.18])[:, None, None] * (pos[None, :] - pos[:, None]))[None]
-    before = collections.Counter(attention.rewrites)
-    with torch.autocast("cpu", torch.bfloat16):
-        got, expected = torch.compile(_biased, backend="coil")(q, k, v, bias), _biased(q, k, v, bias)
-    torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
-    assert collections.Counter(attention.rewrites) == before
-
-
-def test_an_hf_style_padding_mask_under_bf16_autocast_is_still_rewritten():
-    """``(1 - mask) * finfo.min`` holds 0 and a swamping fill: rounding it changes nothing."""
-    q, k, v = (x.detach() for x in _qkv())
-    am = torch.ones(B, S, dtype=torch.long)
-    am[0, :3] = 0
-
-    def fn(q, k, v, am):
-        ext = (1.0 - am[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
-        return _biased(q, k, v, ext)
-
-    before = collections.Counter(attention.rewrites)
-    with torch.autocast("cpu", torch.bfloat16):
-        got, expected = torch.compile(fn, backend="coil")(q, k, v, am), fn(q, k, v, am)
-    torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
-    assert collections.Counter(attention.rewrites) - before == {"additive": 1}
-
-
-def test_an_additive_minus_infinity_mask_over_a_whole_row_is_nan_as_in_eager():
-    q, k, v = (x.detach() for x in _qkv())
-    mask = torch.zeros(B, 1, 1, S).masked_fill(torch.tensor([[False] * S, [True] * S])[:, None, None, :],
-                                               float("-inf"))
-    got = torch.compile(_biased, backend="coil")(q, k, v, mask)
-    expected = _biased(q, k, v, mask)
-    assert got.isnan().sum() == expected.isnan().sum() > 0
-    torch.testing.assert_close(got, expected, equal_nan=True, atol=1e-5, rtol=1e-4)
-
-
-def test_a_float32_minus_infinity_row_under_bf16_autocast_is_nan_as_in_eager():
-    """A float32 mask is clamped to bf16's range for the call; eager's NaN for a row whose
-    every key is -inf is read from the mask before the clamp (a review, session 31)."""
-    q, k, v = (x.detach() for x in _qkv())
-    pad = torch.tensor([[False] * S, [True] * S])
-
-    def fn(q, k, v, pad):
-        return _biased(q, k, v, torch.zeros(B, 1, 1, S).masked_fill(pad[:, None, None, :], float("-inf")))
-
-    before = collections.Counter(attention.rewrites)
-    with torch.autocast("cpu", torch.bfloat16):
-        got, expected = torch.compile(fn, backend="coil")(q, k, v, pad), fn(q, k, v, pad)
-    assert collections.Counter(attention.rewrites) - before == {"additive": 1}
-    assert got.isnan().sum() == expected.isnan().sum() > 0
-    torch.testing.assert_close(got, expected, equal_nan=True, atol=3e-2, rtol=3e-2)
