@@ -68,12 +68,11 @@ def bring_foreign_operands(gm: torch.fx.GraphModule,
         if len(devices) != 1:
             continue
         (device,) = devices
-        if not generated(node, device):
+        foreign = [(arg, val) for arg in node.all_input_nodes
+                   if isinstance(val := arg.meta.get("val"), torch.Tensor) and val.device != device]
+        if not foreign or not generated(node, device):  # asked only where an operand is foreign
             continue
-        for arg in node.all_input_nodes:
-            val = arg.meta.get("val")
-            if not isinstance(val, torch.Tensor) or val.device == device:
-                continue
+        for arg, val in foreign:
             moved = copies.get((arg, device))
             if moved is None:
                 moved = copies[(arg, device)] = _moved(gm, arg, device, val, names)

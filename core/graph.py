@@ -278,7 +278,7 @@ class GraphLowering:
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
         # by design, unless its lowering takes it; or a backend's own call (coil.prepack)
-        library = node.target in LIBRARY_OPS or getattr(node.target, "coil_library", False)
+        library = _is_library(node.target)
         fn = self.registry.lookup(node.target, device_type)
         unsupported = _unsupported_dtype(args, kwargs, self.ctx.out_meta)
         if fn is not None and unsupported is not None:
@@ -519,9 +519,12 @@ class GraphLowering:
 def generated_here(node: torch.fx.Node, device: torch.device, registry: LoweringRegistry) -> bool:
     """Whether ``node`` has a lowering of its own on ``device`` (a library op or one without
     a lowering runs in ATen)."""
-    target = node.target
-    library = target in LIBRARY_OPS or getattr(target, "coil_library", False)
-    return not library and registry.lookup(target, device.type) is not None
+    return not _is_library(node.target) and registry.lookup(node.target, device.type) is not None
+
+
+def _is_library(target: Any) -> bool:
+    """A library op by design, or a backend's own call (coil.prepack)."""
+    return target in LIBRARY_OPS or getattr(target, "coil_library", False)
 
 
 def _reread(value: Realized) -> Lazy:

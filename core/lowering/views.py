@@ -114,7 +114,7 @@ def _clamp_bounds(n: Expr, start: Any, end: Any) -> tuple[Expr, Expr]:
 def select(v: TensorValue, dim: int, index: Any) -> TensorValue:
     dim = dim % v.ndim
     i = to_sympy(index)
-    if i.is_negative or (i.is_number and int(i) < 0):  # counts from the end, symbolic or not
+    if i.is_negative:  # counts from the end, symbolic or not
         i = v.size[dim] + i
     elif not i.is_nonnegative:  # ``x[m - n]``: ATen's select wraps it at run time
         raise LoweringError("aten.select", f"an index of unknown sign ({i})")
