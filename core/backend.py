@@ -179,6 +179,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         # Dynamo must not trace Coil itself (the backward graph compiles lazily, possibly
         # while a compiled frame runs), nor the wrapper it returns.
         # a backward graph compiles lazily, on its own: ranks agree on it alone
+        if kind == "inference" and functorch_config.cse:
+            # a training graph's repeats are merged in the joint graph (``_partition_fn``);
+            # an inference graph's here (BERT's padding mask, made anew by each layer's SDPA)
+            eliminate_common_subexpressions(graph)
         on_key = _remembering(layer_key) if kind == "inference" and layer_key is not None else None
         if recorder is not None and kind != "inference":
             on_key = recorder.on_key(kind)

@@ -8,7 +8,7 @@ address on the H100, found by running the CPU-written edge tests on CUDA, sessio
 
 Before lowering, each foreign operand of an op is replaced by a copy on the op's device: a
 constant of the graph (``get_attr``, through ``lift_fresh_copy`` or not) is copied once, at
-compile time; any other value by an ``aten._to_copy`` node, which runs in ATen. Ops that move
+compile time (outside the fake mode the backend is called in); any other value by an ``aten._to_copy`` node, which runs in ATen. Ops that move
 data between devices themselves are left alone, as are ops whose outputs span devices."""
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 aten = torch.ops.aten
 
@@ -104,7 +105,8 @@ def _moved(gm: torch.fx.GraphModule, arg: torch.fx.Node, device: torch.device, v
         name = next(names)
         while hasattr(gm, name):
             name = next(names)
-        gm.register_buffer(name, constant.to(device))
+        with unset_fake_temporarily():  # AOTAutograd calls the backend inside its fake mode
+            gm.register_buffer(name, constant.to(device))
         with gm.graph.inserting_after(arg):
             moved = gm.graph.get_attr(name)
     else:

@@ -31,7 +31,7 @@ class _Backend:
 
 def _decide(mode, kind="inference", mutates=False, api="0.13.0", inputs=None, backend=None):
     backend = backend or _Backend()
-    inputs = inputs if inputs is not None else [torch.zeros(2)]
+    inputs = inputs if inputs is not None else [torch.zeros(2, device="cpu")]
     fn, note = capture.captured(lambda args: args, mode, kind, mutates, {"cpu": (backend, None)},
                                 inputs, frozenset({0}), lambda b: api)
     return backend, note
@@ -72,7 +72,7 @@ def test_inputs_elsewhere_symbolic_sizes_and_incapable_backends_are_not_recorded
     assert "inputs on ['meta']" in str(note)
     shape_env = torch.fx.experimental.symbolic_shapes.ShapeEnv()
     sym = shape_env.create_unbacked_symint()
-    _, note = _decide("on", inputs=[torch.zeros(2), sym])
+    _, note = _decide("on", inputs=[torch.zeros(2, device="cpu"), sym])
     assert "symbolic sizes" in str(note)
     _, note = _decide("on", backend=_Backend(capabilities=_Caps(False)))
     assert "cannot record" in str(note)

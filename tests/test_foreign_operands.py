@@ -35,7 +35,7 @@ def test_a_cpu_scalar_input_is_copied_to_the_device_of_its_reader():
 
 
 def test_a_cpu_constant_is_copied_once_at_compile_time():
-    gm = _traced(lambda x: (x <= torch.tensor(3.3), x + torch.tensor(2.0)), ((5,), "meta"))
+    gm = _traced(lambda x: (x <= torch.tensor(3.3, device="cpu"), x + torch.tensor(2.0, device="cpu")), ((5,), "meta"))
     assert bring_foreign_operands(gm) == 2
     assert _reads(gm, aten.le.Tensor) == ["meta", "meta"]
     # no copy at run time, and the CPU constants' reads are gone
@@ -63,3 +63,15 @@ def test_ops_left_to_the_library_keep_their_operands():
     gm = _traced(lambda x, s: x * s + 1, ((5,), "meta"), ((), "cpu"))
     assert bring_foreign_operands(gm, lambda node, device: node.target is not aten.mul.Tensor) == 0
     assert _reads(gm, aten.mul.Tensor) == ["meta", "cpu"]
+
+
+def test_a_constant_copied_inside_the_fake_mode_is_a_real_tensor():
+    """AOTAutograd calls the backend inside its fake mode: the copy of a constant made there
+    was a fake tensor (no data pointer on the H100) or refused as a real input (session 32)."""
+    gm = _traced(lambda x: x <= torch.tensor(3.3, device="cpu"), ((5,), "meta"))
+    for mode in (FakeTensorMode(), FakeTensorMode(allow_non_fake_inputs=True)):
+        with mode:
+            assert bring_foreign_operands(gm) == 1
+        const = next(getattr(gm, n.target) for n in gm.graph.nodes if n.op == "get_attr")
+        assert type(const) is torch.Tensor and const.device.type == "meta"
+        gm = _traced(lambda x: x <= torch.tensor(3.3, device="cpu"), ((5,), "meta"))
