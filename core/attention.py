@@ -23,12 +23,15 @@ where the two compute the same thing:
   proven causal ``is_causal=True``, a fill of ``finfo.min`` and additive masks one additive
   mask.
 
-Rows in which every key is masked differ, and only they. Forward: a -inf fill gives NaN in
-eager, 0 (or NaN) in SDPA's kernels; a ``finfo.min`` fill or mask the uniform average in
-both. Backward, from such a row's output: ``masked_fill`` passes no gradient to the scores,
-an additive mask passes it with uniform weights, SDPA's backward (which recomputes the
-weights from a log-sum-exp that ``finfo.min`` swallows) with weights of 1. A loss that does
-not read those rows (padding) gets the same gradients.
+Rows in which every key is masked are the delicate ones. Forward: a -inf fill gives NaN in
+eager and in the call (``attn_mask_and_keys``); a ``finfo.min`` fill or mask the uniform
+average in both. Backward, from such a row's output: ``masked_fill`` passes no gradient to
+the scores, an additive mask passes it with uniform weights, SDPA's backward (which
+recomputes the weights from a log-sum-exp that ``finfo.min`` swallows) with weights of 1. So
+a chain whose output needs gradients is rewritten only where no row can be filled fully with
+a finite value (``attention_masks.check_gradients``: -inf fills, causal masks, additive masks
+built from parameters and numbers above the swamping range); Hugging Face's ``(1 - mask) *
+finfo.min`` and masks the graph receives are rewritten in inference only.
 
 :data:`rewrites` counts the rewritten chains by mask kind, for tests and ``coil.explain``
 readers; the ``attention_rewrite`` knob turns the pass off."""
@@ -44,7 +47,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .attention_masks import Mask, Refused, attn_mask_and_keys, check_order, kind_of, read_mask
+from .attention_masks import Mask, Refused, attn_mask_and_keys, check_gradients, check_order, kind_of, read_mask
 from .dynamo_ops import (Call, Emitter, canonical, constant, erase_unused, has_effects, permutation,
                          same_shape, value)
 
@@ -253,6 +256,8 @@ def _rewrite(graph: torch.fx.Graph, first: Call, chain: _Chain) -> set[torch.fx.
     k_source, k_perm = _transposed(first["other"])  # type: ignore[misc]
     q, v = first["input"], last["other"]
     dtype = _check_dtypes(chain, [q, k_source, v])
+    if value(chain.nodes[-1]).requires_grad:
+        check_gradients(chain.masks)
     _check_shapes(q, k_source, k_perm, v)
     _check_nothing_between(chain)
     emit = Emitter(graph, chain.nodes[-1])

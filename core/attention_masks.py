@@ -195,6 +195,52 @@ def _zero_or_swamping(node: object, depth: int = 0) -> bool:
     return False
 
 
+def check_gradients(masks: list[Mask]) -> None:
+    """Refuse masks that may fill a whole row with a finite swamping value, for a chain whose
+    output needs gradients. Eager's weights in such a row are uniform (1/n); SDPA's backward
+    recomputes them from a log-sum-exp that the fill swallows (``fill + log n == fill`` in
+    float32) and uses weights of 1, so the row's gradients to q, k and v are n times eager's,
+    and a masked_fill passes none to the scores at all (a hunt's left-padded Llama block that
+    reads such rows differed by up to 21.8, session 31). A -inf fill (NaN rows in both), a
+    causal mask (no row is fully masked) and additive masks without swamping values (a learned
+    position bias, Swin's -100) are exact."""
+    for mask in masks:
+        if mask.kind == "fill":
+            raise Refused(f"a fill of {mask.fill} with gradients (rows it fills fully get SDPA's gradients, "
+                          "not eager's)")
+        if mask.kind == "additive" and not _no_swamping(mask.tensor):
+            raise Refused("an additive mask that may hold swamping values (finfo.min), with gradients "
+                          "(rows it fills fully get SDPA's gradients, not eager's)")
+
+
+def _no_swamping(node: object, depth: int = 0) -> bool:
+    """Whether ``node`` cannot hold a finite value at or below :data:`SWAMPING_FILL`: a
+    parameter (a learned bias; training never drives it to -2**100), a number above that
+    range or -inf, and sums, shapes and fills of those. An input or a buffer may hold anything."""
+    number = constant(node)
+    if number is not None or not isinstance(node, torch.fx.Node):
+        return number is not None and (number == float("-inf") or number > SWAMPING_FILL)
+    if node.op in ("placeholder", "get_attr"):
+        fake = value(node)
+        return isinstance(fake, torch.Tensor) and fake.requires_grad  # a parameter
+    call = canonical(node)
+    if call is None or depth > 12:
+        return False
+    if call.op in _SHAPES:
+        return _no_swamping(call["input"], depth + 1)
+    if call.op in ("zeros", "ones"):
+        return True
+    if call.op == "full":
+        return _no_swamping(call["fill_value"], depth + 1)
+    if call.op in ("add", "sub"):
+        return call["alpha"] in (1, None) and all(_no_swamping(x, depth + 1) for x in (call["input"], call["other"]))
+    if call.op == "masked_fill":
+        return _no_swamping(call["input"], depth + 1) and _no_swamping(call["value"], depth + 1)
+    if call.op == "where":
+        return _no_swamping(call["input"], depth + 1) and _no_swamping(call["other"], depth + 1)
+    return False
+
+
 def check_order(masks: list[Mask], new: Mask) -> None:
     """A fill comes first: a fill after an additive mask overwrites it, where a sum would not."""
     if masks and new.kind != "additive":

@@ -10,7 +10,7 @@ import collections
 import torch
 
 from coil import attention
-from test_attention_rewrite import B, E, H, L, S, _additive, _qkv, _rows_read, check_bf16
+from test_attention_rewrite import B, E, H, L, S, _additive, _qkv, _rows_read, check_bf16, check_inference
 
 
 def _biased(q, k, v, bias):
@@ -86,4 +86,9 @@ def test_additive_float32_mask_under_autocast_keeps_masked_rows_uniform():
     def fn(q, k, v, keep):
         return _additive(q, k, v, (1.0 - keep) * torch.finfo(torch.float32).min)
 
-    assert check_bf16(fn, *_qkv(), keep, read=read) == {"additive": 1}
+    assert check_bf16(fn, *_qkv(), keep, read=read) == {}  # gradients: stays as written
+    assert check_inference(fn, *_qkv(), keep, autocast=True) == {"additive": 1}
+    q, k, v = (x.detach() for x in _qkv())
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+        out = torch.compile(fn, backend="coil")(q, k, v, keep)
+    torch.testing.assert_close(out[0].float(), v[0].mean(-2, keepdim=True).expand(H, L, E), atol=2e-2, rtol=2e-2)
