@@ -12,7 +12,7 @@ import sympy
 import torch
 import torch.fx
 
-from . import ir, library_args, output_aliases
+from . import ir, library_args, output_aliases, symbolic
 from .config import Config
 from .errors import LoweringError
 from .ir import Expr, Layout
@@ -427,6 +427,8 @@ class GraphLowering:
                     source = v if isinstance(v, Lazy) else Lazy(r.dtype, r.device, r.size, r.load)
                     r = self.ctx.realize(source, library_args.padded_layout(r.layout))
                 return ir.BufferRef(r.name, r.layout)
+            if isinstance(v, torch.SymBool):  # a runtime check's condition (u0 <= 2), unsimplified
+                return symbolic.from_torch(v.node.expr)
             if isinstance(v, (list, tuple)):
                 metas = meta if isinstance(meta, (list, tuple)) and len(meta) == len(v) else [None] * len(v)
                 return type(v)(to_ref(i, m) for i, m in zip(v, metas))
@@ -443,6 +445,8 @@ class GraphLowering:
         names: list[str] = []
         layouts: list[Layout | None] = []
         paths: list[tuple[int, ...]] = []
+        if (symbol := symbolic.defined_symbol(meta)) is not None:  # item(): the wrapper binds it
+            names, layouts, paths = [symbol], [None], [()]
         for path, m in _tensor_leaves(meta):
             name = self.ctx.new_name()
             size = tuple(to_sympy(s) for s in m.size())
@@ -458,7 +462,7 @@ class GraphLowering:
             kwargs=ref_kwargs, output_names=tuple(names), output_layouts=tuple(layouts),
             output_paths=tuple(paths), kind=kind, aliases=aliases))
         values = {path: Realized(lay.dtype, lay.device, lay.size, n, lay)
-                  for path, n, lay in zip(paths, names, layouts)}
+                  for path, n, lay in zip(paths, names, layouts) if lay is not None}
         return _rebuild(meta, values, ())
 
     # -- outputs

@@ -86,7 +86,19 @@ def _combine(a: tuple[tuple, tuple], b: tuple[tuple, tuple]) -> tuple[tuple, tup
 
 #: Library calls run for their effect alone: a check that raises as eager does (one_hot's
 #: class range, decompositions' ``_assert_async``); nothing reads what they return.
-_CHECKS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg})
+_CHECKS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._assert_async.msg,
+                     torch.ops.aten._assert_scalar.default})
+
+
+def _defines_symbols(node: ir.Node) -> bool:
+    """A library call whose result defines an unbacked symbol (``item()``'s value, the size of
+    ``nonzero``'s result): what later reads the symbol reads it from the wrapper's names, not
+    from a buffer, so the call stays even where no buffer of it is read."""
+    if not isinstance(node, ir.ExternNode):
+        return False
+    return any(layout is None or any(str(s).startswith("u") for n in layout.size
+                                     for s in sympy.sympify(n).free_symbols)
+               for layout in node.output_layouts)
 
 
 def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
@@ -97,7 +109,7 @@ def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
     kept: list[ir.Node] = []
     for node in reversed(graph.nodes):
         mutation = isinstance(node, ir.PointwiseNode) and node.mutates
-        check = isinstance(node, ir.ExternNode) and node.op in _CHECKS
+        check = isinstance(node, ir.ExternNode) and (node.op in _CHECKS or _defines_symbols(node))
         if mutation or check or any(out in needed for out in node.outputs()):
             kept.append(node)
             needed |= node.reads()

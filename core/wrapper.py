@@ -83,8 +83,13 @@ PY = ExprPrinter()
 
 
 def py(e: Any) -> str:
-    """``e`` (an int, a sympy expression, torch's size functions included) as Python."""
+    """``e`` (an int, a sympy expression, torch's size functions included, or a comparison of
+    sizes: a runtime check's condition) as Python."""
     e = sympy.sympify(e)
+    if isinstance(e, sympy.logic.boolalg.BooleanAtom):
+        return str(bool(e))
+    if isinstance(e, sympy.core.relational.Relational):
+        return f"({py(e.lhs)} {e.rel_op} {py(e.rhs)})"
     return PY.print(e if e.is_Atom else symbolic.from_torch(e))
 
 
@@ -286,6 +291,8 @@ class WrapperWriter:
             # them, 64 MiB, through its peak)
             self.w.line(f"del r_{node.name}")
         for name, layout in zip(node.output_names, node.output_layouts):
+            if layout is None:  # a scalar result: the symbol it defines (``item()``)
+                self.bound.add(name)
             for dim, n in enumerate(layout.size if layout else ()):
                 if isinstance(n, sympy.Symbol) and n.name not in self.bound:
                     self.w.line(f"{n.name} = {name}.size({dim})")

@@ -1,0 +1,48 @@
+"""Symbols a graph defines while it runs (unbacked sizes): ``item()`` under
+``capture_scalar_outputs``, the size of ``nonzero``'s result under
+``capture_dynamic_output_shape_ops``, and ``torch._check`` on them. The wrapper left ``u0``
+unbound (a NameError) where nothing read the defining call's buffer, and dropped the checks
+(a failing ``torch._check`` passed silently; a hunt against eager, session 32)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import coil  # noqa: F401 - registers the backend
+
+
+@pytest.fixture(autouse=True)
+def _capture_unbacked():
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        torch._dynamo.reset()
+        yield
+        torch._dynamo.reset()
+
+
+X, N = torch.arange(4.0), torch.tensor(2)
+
+
+@pytest.mark.parametrize("f, args", [
+    (lambda x, n: x * n.item(), (X, N)),
+    (lambda x, n: x[:n.item()] + 1, (X, N)),
+    (lambda x, n: torch.arange(n.item()) * 2, (X, N)),
+    (lambda x, n: x.new_zeros(n.item()), (X, N)),
+    (lambda x, n: (x + 1, n.item()), (X, N)),
+    (lambda x: torch.arange(x.nonzero().shape[0]) * 2, (torch.tensor([1.0, -2.0, 3.0, 0.0]),)),
+], ids=["mul", "slice", "arange", "new_zeros", "returned", "nonzero_size"])
+def test_a_symbol_the_graph_defines_is_bound(f, args):
+    torch.testing.assert_close(torch.compile(f, backend="coil")(*args), f(*args))
+
+
+def test_a_failing_check_on_an_unbacked_size_raises_as_in_eager():
+    def f(x):
+        n = x.nonzero().shape[0]
+        torch._check(n <= 2)
+        return x * 2
+
+    compiled = torch.compile(f, backend="coil")
+    torch.testing.assert_close(compiled(torch.tensor([1.0, 0.0, 3.0])), torch.tensor([2.0, 0.0, 6.0]))
+    with pytest.raises(RuntimeError):
+        f(torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(RuntimeError, match="u0 <= 2|Expected cond"):
+        compiled(torch.tensor([1.0, 2.0, 3.0]))
