@@ -80,6 +80,7 @@ def test_variance_of_data_far_from_zero_is_as_precise_as_eagers():
                 torch.var_mean(x.t(), 0, correction=0))
 
     got = torch.compile(f, backend="coil")(x)
-    torch.testing.assert_close(got, f(x), rtol=1e-5, atol=0)
-    torch.testing.assert_close(got[0], x.double().var(1).float(), rtol=1e-5, atol=0)
+    # against float64: eager on CUDA keeps Welford in float32 (1% off here, the H100)
+    expected = torch.utils._pytree.tree_map(lambda t: t.float(), f(x.double()))
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=0)
     torch._dynamo.reset()

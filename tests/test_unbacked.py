@@ -31,7 +31,10 @@ X, N = torch.arange(4.0), torch.tensor(2)
     (lambda x: torch.arange(x.nonzero().shape[0]) * 2, (torch.tensor([1.0, -2.0, 3.0, 0.0]),)),
 ], ids=["mul", "slice", "arange", "new_zeros", "returned", "nonzero_size"])
 def test_a_symbol_the_graph_defines_is_bound(f, args):
-    torch.testing.assert_close(torch.compile(f, backend="coil")(*args), f(*args))
+    # values only where eager's device is the default one: Dynamo on torch 2.11 builds
+    # ``arange`` on the CPU under a CUDA default device (aot_eager and Inductor too; the H100)
+    got, expected = torch.compile(f, backend="coil")(*args), f(*args)
+    torch.testing.assert_close(got, expected, check_device=False)
 
 
 def test_a_failing_check_on_an_unbacked_size_raises_as_in_eager():
