@@ -254,10 +254,7 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
     dims = _dims(x, dim)
     count = ir.sympy_product([x.size[d] for d in dims]) if x.ndim else sympy.Integer(1)
     acc = compute_dtype(out)
-    pivot = None if count == 0 else _first_of_each_row(x, dims, acc)
-    shifted = x if pivot is None else lazy(acc, x.device, x.size, lambda idx: ir.Op(
-        acc, name="sub", args=(cast(x.load(idx), acc), pivot(idx))))
-    mean, m2 = reduce(ctx, shifted, dims, keepdim, "welford", acc)
+    mean, m2 = reduce(ctx, x, dims, keepdim, "welford", acc)
     corr = 1 if correction is None else correction
 
     def var_fn(idx: list[Expr]) -> ir.Value:
@@ -271,36 +268,8 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
     if count == 0:  # mean and variance of nothing are NaN, as in eager
         nan = ir.Const(out, value=float("nan"))
         return lazy(out, x.device, m2.size, lambda idx: nan), lazy(out, x.device, mean.size, lambda idx: nan)
-    assert pivot is not None
-
-    def mean_fn(idx: list[Expr]) -> ir.Value:
-        full = list(idx) if keepdim else _with_reduced_dims(idx, dims, x.ndim)
-        return cast(ir.Op(acc, name="add", args=(mean.load(idx), pivot(full))), out)
-
-    return var, lazy(out, x.device, mean.size, mean_fn)
-
-
-def _first_of_each_row(x: TensorValue, dims: list[int], acc: torch.dtype) -> Any:
-    """``idx -> x[idx with the reduced dims at 0]`` in ``acc``: the shift of a variance's
-    data. Welford's running mean in float32 rounds by a step of the mean's magnitude, which
-    for data far from 0 (a mean of 1e4, a spread of 1e-2) is a tenth of the spread: the
-    variance was 2-4% off where eager's (which accumulates in float64 on the CPU) is exact
-    to 3e-8 (a hunt against eager, session 32). ``x - x[first]`` is exact for nearby values,
-    the variance of the shifted data is the variance, and the mean gets the shift back; an
-    infinite first value shifts nothing (an inf mean stays inf, not NaN)."""
-    def pivot(idx: list[Expr]) -> ir.Value:
-        first = cast(x.load([sympy.Integer(0) if d in dims else e for d, e in enumerate(idx)]), acc)
-        infinite = ir.Op(torch.bool, name="isinf", args=(first,))
-        return ir.Op(acc, name="where", args=(infinite, ir.Const(acc, value=0.0), first))  # inf - inf: no shift
-
-    return pivot
-
-
-def _with_reduced_dims(idx: list[Expr], dims: list[int], ndim: int) -> list[Expr]:
-    """An index of a reduction's output without kept dims, as an index of its input (the
-    reduced dims at 0)."""
-    rest = iter(idx)
-    return [sympy.Integer(0) if d in dims else next(rest) for d in range(ndim)]
+    mean_out = lazy(out, x.device, mean.size, lambda idx: cast(mean.load(idx), out))
+    return var, mean_out
 
 
 @lowering(aten.var_mean.correction)

@@ -5,9 +5,6 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
   auto buf2 = reinterpret_cast<float*>(buf2_addr);
   #pragma omp parallel for collapse(1) if(parallel: 32768 > 16384)
   for (int64_t x0 = 0; x0 < 64; x0++) {
-    float t1 = arg0[256*x0];
-    bool t2 = std::isinf(t1);
-    float t3 = (t2 ? coil::cast<float>(0.0) : t1);
     float acc_buf0_mean = float(0);
     float acc_buf0_m2 = float(0);
     float acc_buf0_n = float(0);
@@ -33,9 +30,8 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
       #pragma omp simd
       for (int64_t lane = 0; lane < 64; lane++) {
         int64_t r0 = r0_chunk + lane;
-        float t4 = arg0[(r0 + 256*x0)];
-        float t5 = (t4 - t3);
-        coil::welford_update_n<float>(lane_buf0_mean[lane], lane_buf0_m2[lane], lane_buf0_n[lane], t5, count_buf0, weight_buf0);
+        float t1 = arg0[(r0 + 256*x0)];
+        coil::welford_update_n<float>(lane_buf0_mean[lane], lane_buf0_m2[lane], lane_buf0_n[lane], t1, count_buf0, weight_buf0);
       }
     }
     #pragma GCC unroll 8
@@ -48,24 +44,23 @@ extern "C" void k0_var_mean_sub_add_rsqrt_mul(int64_t arg0_addr, int64_t arg1_ad
     coil::welford_combine<float>(acc_buf0_mean, acc_buf0_m2, acc_buf0_n, lane_buf0_mean[0], lane_buf0_m2[0], lane_buf0_n[0]);
     float v_buf0 = coil::cast<float>(acc_buf0_mean);
     float v_buf1 = coil::cast<float>(acc_buf0_m2);
-    float t6 = (v_buf0 + t3);
-    int64_t t7 = static_cast<int64_t>(256);
-    float t8 = coil::cast<float>(t7);
-    float t9 = (t8 - coil::cast<float>(0.0));
-    float t10 = coil::max_nan<float>(t9, coil::cast<float>(0.0));
-    float t11 = (v_buf1 / t10);
-    float t12 = (t11 + coil::cast<float>(1e-05));
-    float t13 = (float(1) / std::sqrt(t12));
+    int64_t t2 = static_cast<int64_t>(256);
+    float t3 = coil::cast<float>(t2);
+    float t4 = (t3 - coil::cast<float>(0.0));
+    float t5 = coil::max_nan<float>(t4, coil::cast<float>(0.0));
+    float t6 = (v_buf1 / t5);
+    float t7 = (t6 + coil::cast<float>(1e-05));
+    float t8 = (float(1) / std::sqrt(t7));
     #pragma omp simd
     for (int64_t r0 = 0; r0 < 256; r0++) {
-      float t14 = arg0[(r0 + 256*x0)];
-      float t15 = (t14 - t6);
-      float t16 = (t15 * t13);
-      float t17 = arg1[r0];
-      float t18 = (t16 * t17);
-      float t19 = arg2[r0];
-      float t20 = (t18 + t19);
-      buf2[(r0 + 256*x0)] = coil::cast<float>(t20);
+      float t9 = arg0[(r0 + 256*x0)];
+      float t10 = (t9 - v_buf0);
+      float t11 = (t10 * t8);
+      float t12 = arg1[r0];
+      float t13 = (t11 * t12);
+      float t14 = arg2[r0];
+      float t15 = (t13 + t14);
+      buf2[(r0 + 256*x0)] = coil::cast<float>(t15);
     }
   }
 }
