@@ -8,8 +8,9 @@ address on the H100, found by running the CPU-written edge tests on CUDA, sessio
 
 Before lowering, each foreign operand of an op is replaced by a copy on the op's device: a
 constant of the graph (``get_attr``, through ``lift_fresh_copy`` or not) is copied once, at
-compile time (outside the fake mode the backend is called in); any other value by an ``aten._to_copy`` node, which runs in ATen. Ops that move
-data between devices themselves are left alone, as are ops whose outputs span devices."""
+compile time (outside the fake mode the backend is called in); any other value by an
+``aten._to_copy`` node, which runs in ATen. Ops that move data between devices themselves are
+left alone, as are ops whose outputs span devices."""
 from __future__ import annotations
 
 import itertools

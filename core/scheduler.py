@@ -11,6 +11,7 @@ from typing import Protocol, Sequence
 
 import sympy
 import torch
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from . import collectives, config, ir
 from .fusion_pairs import fusion_pairs, tiny
@@ -90,15 +91,22 @@ _CHECKS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._asser
                      torch.ops.aten._assert_scalar.default})
 
 
-def _defines_symbols(node: ir.Node) -> bool:
-    """A library call whose result defines an unbacked symbol (``item()``'s value, the size of
-    ``nonzero``'s result): what later reads the symbol reads it from the wrapper's names, not
-    from a buffer, so the call stays even where no buffer of it is read."""
-    if not isinstance(node, ir.ExternNode):
-        return False
-    return any(layout is None or any(str(s).startswith("u") for n in layout.size
-                                     for s in sympy.sympify(n).free_symbols)
-               for layout in node.output_layouts)
+def _symbol_definers(nodes: list[ir.Node]) -> set[int]:
+    """The library calls (by ``id``) that first define an unbacked symbol: ``item()``'s scalar
+    result, a size of ``nonzero``'s result. Later steps read the symbol from the wrapper's
+    names, not from a buffer, so such a call stays even where no buffer of it is read."""
+    defined: set[str] = set()
+    definers: set[int] = set()
+    for node in nodes:
+        if not isinstance(node, ir.ExternNode):
+            continue
+        new = {name for name, layout in zip(node.output_names, node.output_layouts) if layout is None}
+        new |= {n.name for layout in node.output_layouts if layout is not None for n in layout.size
+                if isinstance(n, sympy.Symbol) and free_unbacked_symbols(n)}
+        if new - defined:
+            definers.add(id(node))
+            defined |= new
+    return definers
 
 
 def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
@@ -107,9 +115,10 @@ def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
         if o.name and graph.buffers.get(o.name) and graph.buffers[o.name].storage:
             needed.add(o.name)
     kept: list[ir.Node] = []
+    definers = _symbol_definers(graph.nodes)
     for node in reversed(graph.nodes):
         mutation = isinstance(node, ir.PointwiseNode) and node.mutates
-        check = isinstance(node, ir.ExternNode) and (node.op in _CHECKS or _defines_symbols(node))
+        check = isinstance(node, ir.ExternNode) and (node.op in _CHECKS or id(node) in definers)
         if mutation or check or any(out in needed for out in node.outputs()):
             kept.append(node)
             needed |= node.reads()
