@@ -30,14 +30,17 @@ the scores, an additive mask passes it with uniform weights, SDPA's backward (wh
 recomputes the weights from a log-sum-exp that ``finfo.min`` swallows) with weights of 1. So
 a chain whose output needs gradients is rewritten only where no row can be filled fully with
 a finite value (``attention_masks.check_gradients``: -inf fills, causal masks, additive masks
-built from parameters and numbers above the swamping range); Hugging Face's ``(1 - mask) *
-finfo.min`` and masks the graph receives are rewritten in inference only.
+built from parameters and numbers of magnitude at most ``SMALL_MASK_VALUE``); Hugging
+Face's ``(1 - mask) * finfo.min`` and masks the graph receives are rewritten in inference
+only. One difference stays: with a -inf fill, a fully masked row's NaN reaches eager's
+gradients (v's whole gradient is NaN) and not SDPA's, whose gradients stay finite.
 
 :data:`rewrites` counts the rewritten chains by mask kind, for tests and ``coil.explain``
 readers; the ``attention_rewrite`` knob turns the pass off."""
 from __future__ import annotations
 
 import collections
+import math
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -217,6 +220,8 @@ def _scale(call: Call, chain_input: torch.fx.Node, chain: _Chain) -> None:
     if factor is None:
         _default_scale(call, factor_arg, chain)
         return
+    if not math.isfinite(factor):
+        raise Refused(f"scores scaled by {factor}")
     if call.op == "div":
         if factor == 0.0:
             raise Refused("division by zero")

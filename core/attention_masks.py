@@ -102,7 +102,7 @@ def _filled(call: Call, scores: torch.fx.Node) -> Mask:
         raise Refused(f"mask fill {fill} is not known at compile time")
     # the fill as eager stores it in the scores' dtype (finfo(float32).min in bfloat16 is -inf)
     number = float(torch.tensor(number, dtype=torch.float64).to(dtype).item())
-    if number > SWAMPING_FILL:
+    if not number <= SWAMPING_FILL:  # NaN too: eager's NaN rows are not a mask
         raise Refused(f"mask fill {number} does not swamp the scores (rows it fills fully would differ)")
     shape = value(scores).shape
     causal = causal_polarity(cond, shape[-2], shape[-1]) == attend
@@ -213,13 +213,20 @@ def check_gradients(masks: list[Mask]) -> None:
                           "(rows it fills fully get SDPA's gradients, not eager's)")
 
 
+#: The largest magnitude of a constant an additive mask may hold for a chain with gradients:
+#: SDPA's backward recomputes the weights from ``score + c - logsumexp``, which loses the
+#: bits of ``c``'s magnitude (-1e9 swallows scores of ordinary size: spacing 64; even 1e4 moved
+#: gradients by 1e-3). Swin's -100 is within it.
+SMALL_MASK_VALUE = 128.0
+
+
 def _no_swamping(node: object, depth: int = 0) -> bool:
-    """Whether ``node`` cannot hold a finite value at or below :data:`SWAMPING_FILL`: a
-    parameter (a learned bias; training never drives it to -2**100), a number above that
-    range or -inf, and sums, shapes and fills of those. An input or a buffer may hold anything."""
+    """Whether every value of ``node`` is -inf or a number of magnitude at most
+    :data:`SMALL_MASK_VALUE`: a parameter (a learned bias), such numbers, and sums, shapes
+    and fills of those. An input or a buffer may hold anything."""
     number = constant(node)
     if number is not None or not isinstance(node, torch.fx.Node):
-        return number is not None and (number == float("-inf") or number > SWAMPING_FILL)
+        return number is not None and (number == float("-inf") or abs(number) <= SMALL_MASK_VALUE)
     if node.op in ("placeholder", "get_attr"):
         fake = value(node)
         return isinstance(fake, torch.Tensor) and fake.requires_grad  # a parameter

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .dynamo_ops import Call, canonical, constant, value
+from .dynamo_ops import Call, canonical, constant, value, written
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,26 @@ def causal_polarity(node: Any, rows: Any, cols: Any) -> bool | None:
     """True when ``node`` is provably nonzero exactly where ``j <= i`` over dims (-2, -1),
     of sizes ``rows`` x ``cols``; False when exactly where ``j > i``; None when unproven."""
     fact = _fact(node, depth=0)
+    if fact is not None and written(node.graph, _cone(node)):
+        return None  # the mask, or what it is made of, is written in place (a prefix-LM's ``keep[:, :3] = True``)
     fake = value(node)
     if not isinstance(fact, _Triangle) or not isinstance(fake, torch.Tensor) or fake.dim() < 2:
         return None
     if not (_same(fake.shape[-2], rows) and _same(fake.shape[-1], cols)):
         return None
     return fact.keep
+
+
+def _cone(node: torch.fx.Node) -> set[torch.fx.Node]:
+    """``node`` and every node it is computed from."""
+    seen: set[torch.fx.Node] = set()
+    pending = [node]
+    while pending:
+        n = pending.pop()
+        if n not in seen:
+            seen.add(n)
+            pending.extend(n.all_input_nodes)
+    return seen
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -113,6 +127,9 @@ def _arange(call: Call) -> _Fact:
     fake = value(call.node)
     if start != 0 or step != 1 or not isinstance(fake, torch.Tensor) or fake.dim() != 1:
         return None
+    if fake.is_floating_point() and not statically_known_true(
+            fake.shape[0] <= round(2 / torch.finfo(fake.dtype).eps)):
+        return None  # positions a float type rounds (257 is 256 in bfloat16) compare equal
     return _Index("col") if _varying_axis(fake) == -1 else None
 
 

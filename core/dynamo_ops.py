@@ -23,6 +23,7 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
+from torch.multiprocessing.reductions import StorageWeakRef
 
 _FN = "call_function"
 _METHOD = "call_method"
@@ -145,9 +146,25 @@ def value(arg: Any) -> Any:
     return arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else arg
 
 
+def written(graph: torch.fx.Graph, nodes: set[torch.fx.Node]) -> bool:
+    """Whether a node with effects (``mask[i] = False``, ``mask.masked_fill_(...)``) takes a
+    tensor sharing memory with one of ``nodes`` (itself or a view of it)."""
+    storages = {_storage(value(n)) for n in nodes} - {None}
+    for node in graph.nodes:
+        if has_effects(node) and node.op != "output" and any(
+                _storage(value(a)) in storages for a in node.all_input_nodes):
+            return True
+    return False
+
+
+def _storage(fake: Any) -> StorageWeakRef | None:
+    return StorageWeakRef(fake.untyped_storage()) if isinstance(fake, torch.Tensor) else None
+
+
 def constant(arg: Any) -> float | None:
     """The value of ``arg`` when it is known at compile time: a Python number, or a 0-d
-    tensor the graph builds from one (``torch.tensor(8.0)``, ``torch.full([], -inf)``),
+    tensor the graph builds from one (``torch.tensor(8.0)``, ``torch.full([], -inf)``) and
+    never writes in place,
     rounded to that tensor's dtype. None for anything else, tensors the graph receives
     (buffers, parameters) included: their values can change without a recompile."""
     if isinstance(arg, bool):
@@ -158,6 +175,8 @@ def constant(arg: Any) -> float | None:
     fake = value(arg)
     if call is None or not isinstance(fake, torch.Tensor) or fake.dim() != 0:
         return None
+    if any(has_effects(user) for user in arg.users):
+        return None  # written in place after it was made (``t = torch.tensor(8.0); t.mul_(4)``)
     if call.op == "tensor":
         number = call["data"]
     elif call.op == "full" and tuple(call["size"] or ()) == ():

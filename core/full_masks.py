@@ -31,10 +31,9 @@ import torch
 import torch.fx
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-from torch.multiprocessing.reductions import StorageWeakRef
 from torch.fx.experimental.symbolic_shapes import is_concrete_int, statically_known_true
 
-from .dynamo_ops import erase_unused, has_effects, value
+from .dynamo_ops import erase_unused, has_effects, value, written
 
 log = logging.getLogger(__name__)
 
@@ -148,22 +147,7 @@ def _constant_subgraph(mask: torch.fx.Node) -> list[torch.fx.Node] | None:
             return None
         seen.add(node)
         pending.extend(node.all_input_nodes)
-    return None if _written(mask.graph, seen) else [n for n in mask.graph.nodes if n in seen]
-
-
-def _written(graph: torch.fx.Graph, nodes: set[torch.fx.Node]) -> bool:
-    """Whether a node with effects (``mask[i] = False``, ``mask.masked_fill_(...)``) takes a
-    tensor sharing memory with one of ``nodes`` (itself or a view of it)."""
-    storages = {_storage(value(n)) for n in nodes} - {None}
-    for node in graph.nodes:
-        if has_effects(node) and node.op != "output" and any(
-                _storage(value(a)) in storages for a in node.all_input_nodes):
-            return True
-    return False
-
-
-def _storage(fake: Any) -> StorageWeakRef | None:
-    return StorageWeakRef(fake.untyped_storage()) if isinstance(fake, torch.Tensor) else None
+    return None if written(mask.graph, seen) else [n for n in mask.graph.nodes if n in seen]
 
 
 def _random(node: torch.fx.Node) -> bool:

@@ -10,7 +10,7 @@ import collections
 import torch
 
 from coil import attention
-from test_attention_rewrite import B, E, H, L, S, _additive, _qkv, _rows_read, check_bf16, check_inference
+from test_attention_rewrite import B, E, H, L, S, _additive, _qkv, _rows_read, check, check_bf16, check_inference
 
 
 def _biased(q, k, v, bias):
@@ -92,3 +92,47 @@ def test_additive_float32_mask_under_autocast_keeps_masked_rows_uniform():
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
         out = torch.compile(fn, backend="coil")(q, k, v, keep)
     torch.testing.assert_close(out[0].float(), v[0].mean(-2, keepdim=True).expand(H, L, E), atol=2e-2, rtol=2e-2)
+
+
+def _where_minus_1e9(q, k, v, keep):
+    s = q @ k.transpose(-2, -1) * E**-0.5
+    return (s + torch.where(keep, 0.0, -1e9)).softmax(-1) @ v
+
+
+def _prefix_lm(q, k, v):
+    keep = torch.tril(torch.ones(L, L, dtype=torch.bool))
+    keep[:, :3] = True  # the prefix is visible to every query: no longer causal
+    return (q @ k.transpose(-2, -1) * 0.3).masked_fill(~keep, float("-inf")).softmax(-1) @ v
+
+
+def _scale_written_in_place(q, k, v):
+    t = torch.tensor(8.0)
+    t.mul_(4)
+    return ((q @ k.transpose(-2, -1)) / t).softmax(-1) @ v
+
+
+def _bf16_positions(q, k, v):
+    pos = torch.arange(q.shape[-2], dtype=torch.bfloat16)  # 257 rounds to 256
+    s = q @ k.transpose(-2, -1) * 0.25
+    return s.masked_fill(pos[None, :] > pos[:, None], float("-inf")).softmax(-1) @ v
+
+
+def _nan_fill(q, k, v):
+    s = q @ k.transpose(-2, -1) * 0.3
+    return s.masked_fill(torch.ones(L, L, dtype=torch.bool).triu(1), float("nan")).softmax(-1) @ v
+
+
+def test_what_the_rewrite_must_not_take_for_a_mask_or_a_scale():
+    """Found by a hunt against eager (session 32): a large finite constant in an additive mask
+    with gradients (SDPA's backward loses -1e9's bits: gradients up to 7.7 apart), a causal
+    mask written in place afterwards, a 0-d scale written in place, positions a bfloat16
+    arange rounds, a NaN fill (read as a swamping one). Each stays as written, as eager."""
+    keep = torch.ones(B, 1, 1, S, dtype=torch.bool)
+    keep[0] = False  # a sequence of padding only: every row of it fully masked
+    assert check(_where_minus_1e9, *_qkv(), keep) == {}
+    assert check_inference(_where_minus_1e9, *_qkv(), keep) == {"additive": 1}
+    assert check(_prefix_lm, *_qkv(L, L)) == {"bool": 1}  # a mask, not is_causal
+    assert check(_scale_written_in_place, *_qkv(L, L)) == {}
+    assert check_inference(_nan_fill, *_qkv(L, L)) == {}  # NaN rows as eager's
+    q, k, v = (x.detach() for x in _qkv(300, 300))
+    assert check_inference(_bf16_positions, q, k, v) == {"bool": 1}  # a mask, not is_causal
