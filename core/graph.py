@@ -274,7 +274,7 @@ class GraphLowering:
             return base[node.args[1]]
         args = torch.fx.node.map_arg(node.args, lambda n: self.env[n])
         kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: self.env[n])
-        self.ctx.origin = _target_name(node.target)
+        self.ctx.origin, self.ctx.decomposed_from = _target_name(node.target), str(node.meta.get("original_aten"))
         self.ctx.out_meta = node.meta.get("val")
         device_type = _device_type(args, kwargs, self.ctx.out_meta)
         # by design, unless its lowering takes it; or a backend's own call (coil.prepack)

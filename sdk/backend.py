@@ -108,6 +108,12 @@ class Capabilities:
     #: exact sums than eager's). False: in float32, as eager's CUDA kernels (SDK 1.9.0).
     #: Default False.
     float32_scans_in_float64: bool = False
+    #: Whether a float32 ``var``, ``std`` or ``var_mean`` called as such keeps its Welford state
+    #: in float64, as eager's CPU kernels do (in float32 the running mean rounds by a step of
+    #: the mean's size: data of mean 1e4 and spread 1e-2 gave variances 2-4% off, eager's
+    #: 3e-8). The statistics of layer, batch and group norms stay float32, as in eager's CPU
+    #: norm kernels. False: float32 throughout, as eager's CUDA kernels (SDK 1.10.0).
+    float32_variance_in_float64: bool = False
     #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
     #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.

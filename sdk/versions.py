@@ -265,6 +265,11 @@ HISTORY: tuple[Release, ...] = (
                "[0, size) after wrapping is an error a backend must not read or write through, "
                "and should report (the C++ plugin raises IndexError after the kernel)"),
     )),
+    Release("1.10.0", (
+        Change("Capabilities.float32_variance_in_float64 (default False): True makes the core "
+               "keep the Welford state of a float32 var, std or var_mean called as such (not "
+               "of a norm's statistics) in float64, as eager's CPU kernels do"),
+    )),
 )
 
 #: The API version this Coil provides.

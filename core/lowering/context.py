@@ -35,6 +35,10 @@ class LoweringContext:
     fallbacks: list[FallbackRecord] = field(default_factory=list)
     #: The ATen op being lowered (recorded as the origin of every node it creates).
     origin: str = ""
+    #: The name of the op AOTAutograd decomposed into the one being lowered
+    #: (``aten.native_layer_norm.default`` for a layer norm's ``var_mean``; the op itself
+    #: where it was called as such; "None" where it does not say).
+    decomposed_from: str = ""
     #: The FakeTensor (or structure) the current FX node produces in eager.
     out_meta: Any = None
     #: The graph's seeds and counters, once a random op is lowered (:mod:`.random`).

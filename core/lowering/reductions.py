@@ -14,7 +14,7 @@ import torch
 from .. import ir
 from ..errors import LoweringError
 from ..ir import Expr, Layout
-from .context import LoweringContext, layout_from_meta
+from .context import LoweringContext, capability, layout_from_meta
 from .onehot import sum_of_one_hot
 from .pointwise import check_dtype, compute_dtype
 from .registry import lowering
@@ -43,9 +43,11 @@ def acc_dtype_for(rtype: str, dtype: torch.dtype) -> torch.dtype:
 
 
 def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: bool, rtype: str,
-           out_dtype: torch.dtype, layout: Layout | None = None) -> list[TensorValue]:
-    """One ReductionNode reducing ``x`` over ``dims``; returns its output buffer(s). A sum of a
-    scaled one-hot over one dim is a pointwise value instead (:mod:`.onehot`)."""
+           out_dtype: torch.dtype, layout: Layout | None = None, acc: torch.dtype | None = None
+           ) -> list[TensorValue]:
+    """One ReductionNode reducing ``x`` over ``dims``, accumulating in ``acc`` (by default the
+    type ``acc_dtype_for`` gives); returns its output buffer(s). A sum of a scaled one-hot over
+    one dim is a pointwise value instead (:mod:`.onehot`)."""
     check_dtype(x.dtype, ctx.origin)
     check_dtype(out_dtype, ctx.origin)
     dims = list(dims)
@@ -84,7 +86,7 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], keepdim: b
             out_idx.append(v)
     if not rranges:
         return _trivial_reduction(ctx, x, full_idx, out_idx, tuple(ranges), rtype, layout, out_size)
-    acc = acc_dtype_for(rtype, x.dtype)
+    acc = acc or acc_dtype_for(rtype, x.dtype)
     body = x.load(full_idx)
     if rtype in ("any", "all"):
         body = cast(body, torch.bool)
@@ -244,6 +246,15 @@ def _divide_by(v: TensorValue, count: Expr, out: torch.dtype) -> TensorValue:
     return lazy(out, v.device, v.size, fn)
 
 
+#: The ops whose own float32 Welford state eager's CPU kernels keep in double (by packet name).
+_VARIANCES = frozenset({"var", "std", "var_mean", "std_mean"})
+
+
+def _called_as_variance(ctx: LoweringContext) -> bool:
+    namespace, _, rest = ctx.decomposed_from.partition(".")
+    return namespace == "aten" and rest.split(".")[0] in _VARIANCES
+
+
 def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, keepdim: bool,
              root: bool = False) -> tuple[TensorValue, TensorValue]:
     """Variance (its square root with ``root``, taken before the cast to the output dtype: a
@@ -254,7 +265,10 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
     dims = _dims(x, dim)
     count = ir.sympy_product([x.size[d] for d in dims]) if x.ndim else sympy.Integer(1)
     acc = compute_dtype(out)
-    mean, m2 = reduce(ctx, x, dims, keepdim, "welford", acc)
+    if acc == torch.float32 and out == torch.float32 and _called_as_variance(ctx) \
+            and capability(x.device, "float32_variance_in_float64", False):
+        acc = torch.float64  # the device's eager var/std keep a double state (its norms do not)
+    mean, m2 = reduce(ctx, x, dims, keepdim, "welford", acc, acc=acc)
     corr = 1 if correction is None else correction
 
     def var_fn(idx: list[Expr]) -> ir.Value:
