@@ -138,7 +138,29 @@ def attn_mask_and_keys(emit: Emitter, masks: list[Mask], dtype: torch.dtype
         # 0.18 where eager adds it in float32 (found by a hunt against eager, session 31)
         raise Refused("a float32 additive mask that may hold values bfloat16 rounds (a position bias)")
     keys = emit.function(torch.ne, total, float("-inf"))
+    if not all(_no_swamping(m.tensor) if m.kind == "additive" else m.fill == float("-inf") or not _swamping(m.fill)
+               for m in masks):
+        total = _kernel_safe(emit, total)
     return _in_dtype(emit, total, dtype), False, keys
+
+
+def _kernel_safe(emit: Emitter, total: torch.fx.Node) -> torch.fx.Node:
+    """``total`` with every finite value at or below :data:`SWAMPING_FILL` replaced so that
+    SDPA's kernels compute eager's weights. CUDA's fused kernels scale the masked scores by
+    log2(e) and overflow ``finfo.min`` to -inf: a row whose every key holds such a fill came
+    out as zeros where eager's is the uniform average (found on an H100, session 33). In
+    eager, a swamping value swallows the score added to it (``s + m == m``), and two distinct
+    values of that size differ by at least 2**76, so a row's weights go to its largest value
+    alone: where that largest value is above the fill, every swamping value weighs 0 (-inf
+    here); where it is itself swamping, the keys holding it weigh equally (each becomes the
+    fill, which swallows the scores as eager's values do) and the rest weigh 0."""
+    top = emit.method("amax", total, -1, keepdim=True)
+    swamped = emit.function(torch.le, total, SWAMPING_FILL)
+    top_swamped = emit.function(torch.logical_and, emit.function(torch.le, top, SWAMPING_FILL),
+                                emit.function(torch.isfinite, top))
+    kept = emit.function(torch.logical_and, emit.function(torch.eq, total, top), top_swamped)
+    return emit.method("masked_fill", emit.method("masked_fill", total, swamped, float("-inf")), kept,
+                       SWAMPING_FILL)
 
 
 _SHAPES = ("reshape", "cast", "transpose", "permute", "t", "getitem")

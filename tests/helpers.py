@@ -52,11 +52,13 @@ def cpu_tensors() -> Iterator[None]:
     """CPU as the default device inside the block, even under ``COIL_TEST_DEVICE=cuda``: for
     tests that route the ``cpu`` device to each plugin in turn."""
     before = torch.get_default_device()
-    torch.set_default_device("cpu")
+    # None drops the default-device mode altogether (make_fx of an op taking a generator
+    # fails under one on torch 2.11, even a mode for the CPU)
+    torch.set_default_device(None)
     try:
         yield
     finally:
-        torch.set_default_device(before)
+        torch.set_default_device(None if before.type == "cpu" else before)
 
 
 @contextlib.contextmanager

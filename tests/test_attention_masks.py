@@ -6,11 +6,15 @@ NaN, as in eager, with or without autocast."""
 from __future__ import annotations
 
 import collections
+import math
 
+import pytest
 import torch
+import torch.nn.functional as F
 
 from coil import attention
-from test_attention_rewrite import B, E, H, L, S, _additive, _qkv, _rows_read, check, check_bf16, check_inference
+from test_attention_rewrite import (B, E, H, L, S, _additive, _qkv, _rows_read, autocast_bf16, check, check_bf16,
+                                   check_inference)
 
 
 def _biased(q, k, v, bias):
@@ -25,7 +29,7 @@ def test_a_float32_position_bias_under_bf16_autocast_stays_float32():
     pos = torch.arange(96.0)
     bias = (torch.tensor([0.7, 0.35, 0.18])[:, None, None] * (pos[None, :] - pos[:, None]))[None]
     before = collections.Counter(attention.rewrites)
-    with torch.autocast("cpu", torch.bfloat16):
+    with autocast_bf16():
         got, expected = torch.compile(_biased, backend="coil")(q, k, v, bias), _biased(q, k, v, bias)
     torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
     assert collections.Counter(attention.rewrites) == before
@@ -42,7 +46,7 @@ def test_an_hf_style_padding_mask_under_bf16_autocast_is_still_rewritten():
         return _biased(q, k, v, ext)
 
     before = collections.Counter(attention.rewrites)
-    with torch.autocast("cpu", torch.bfloat16):
+    with autocast_bf16():
         got, expected = torch.compile(fn, backend="coil")(q, k, v, am), fn(q, k, v, am)
     torch.testing.assert_close(got, expected, atol=3e-2, rtol=3e-2)
     assert collections.Counter(attention.rewrites) - before == {"additive": 1}
@@ -68,7 +72,7 @@ def test_a_float32_minus_infinity_row_under_bf16_autocast_is_nan_as_in_eager():
         return _biased(q, k, v, torch.zeros(B, 1, 1, S).masked_fill(pad[:, None, None, :], float("-inf")))
 
     before = collections.Counter(attention.rewrites)
-    with torch.autocast("cpu", torch.bfloat16):
+    with autocast_bf16():
         got, expected = torch.compile(fn, backend="coil")(q, k, v, pad), fn(q, k, v, pad)
     assert collections.Counter(attention.rewrites) - before == {"additive": 1}
     assert got.isnan().sum() == expected.isnan().sum() > 0
@@ -89,7 +93,7 @@ def test_additive_float32_mask_under_autocast_keeps_masked_rows_uniform():
     assert check_bf16(fn, *_qkv(), keep, read=read) == {}  # gradients: stays as written
     assert check_inference(fn, *_qkv(), keep, autocast=True) == {"additive": 1}
     q, k, v = (x.detach() for x in _qkv())
-    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+    with torch.no_grad(), autocast_bf16():
         out = torch.compile(fn, backend="coil")(q, k, v, keep)
     torch.testing.assert_close(out[0].float(), v[0].mean(-2, keepdim=True).expand(H, L, E), atol=2e-2, rtol=2e-2)
 
@@ -136,3 +140,57 @@ def test_what_the_rewrite_must_not_take_for_a_mask_or_a_scale():
     assert check_inference(_nan_fill, *_qkv(L, L)) == {}  # NaN rows as eager's
     q, k, v = (x.detach() for x in _qkv(300, 300))
     assert check_inference(_bf16_positions, q, k, v) == {"bool": 1}  # a mask, not is_causal
+
+
+def _overflowing_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
+    """SDPA as CUDA's fused kernels compute it: the masked scores times log2(e) in float32,
+    where ``finfo.min`` overflows to -inf, and a row of -inf only giving zeros."""
+    s = (q.float() @ k.float().transpose(-2, -1)) * scale
+    s = s.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else s + attn_mask.float()
+    t = s * math.log2(math.e)
+    p = torch.exp2(t - t.amax(-1, keepdim=True)).nan_to_num(0.0)
+    return ((p / p.sum(-1, keepdim=True)).nan_to_num(0.0).to(v.dtype) @ v.float()).to(v.dtype)
+
+
+class _FusedKernels(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            return _overflowing_sdpa(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("fill", ["finfo_min", "distinct"])
+def test_rows_of_swamping_values_survive_a_kernel_that_overflows_them(fill):
+    """CUDA's fused kernels overflow ``finfo.min`` (times log2(e)) to -inf: BERT's all-padding
+    sequence came out as zeros on an H100 where eager averages v (session 33). The call's mask
+    now holds no value a kernel overflows and gives eager's weights: a row of one swamping
+    value is uniform, a row of distinct ones weighs its largest alone, and a swamping value
+    beside an ordinary one weighs 0."""
+    q, k, v = (x.detach() for x in _qkv())
+    mn = torch.finfo(torch.float32).min
+    mask = torch.zeros(B, 1, 1, S)
+    if fill == "finfo_min":
+        mask[0, ..., 3:] = mn
+        mask[1] = mn
+    else:
+        mask[0] = mn
+        mask[0, ..., 1:3] = mn * 0.9
+        mask[1, ..., 2] = float("-inf")
+        mask[1, ..., 4] = mn
+    graphs = []
+
+    def backend(gm, example_inputs):
+        attention.rewrite_attention(gm)
+        gm.recompile()
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = torch.compile(_biased, backend=backend)
+        compiled(q, k, v, mask)  # compiles
+        with _FusedKernels():
+            got = compiled(q, k, v, mask)
+        expected = _biased(q, k, v, mask)
+    assert "scaled_dot_product_attention" in graphs[0].code
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)

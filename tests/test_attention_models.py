@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 import coil
 from coil import attention
-from test_attention_rewrite import _uses_sdpa, check_inference
+from test_attention_rewrite import _uses_sdpa, autocast_bf16, check_inference
 
 
 # ----------------------------------------------------------------------------- modules
@@ -73,7 +73,7 @@ def _train_like_eager(model: nn.Module, inputs, autocast: bool, steps: int = 2,
     before = collections.Counter(attention.rewrites)
     compiled = torch.compile(model, backend="coil")
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
-    ctx = (lambda: torch.autocast("cpu", torch.bfloat16)) if autocast else contextlib.nullcontext
+    ctx = autocast_bf16 if autocast else contextlib.nullcontext
     for step in range(steps):
         outs = []
         for fwd, o in ((compiled, opt), (ref, ref_opt)):

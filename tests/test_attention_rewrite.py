@@ -24,10 +24,22 @@ from coil.compile import add_observer, remove_observer
 B, H, L, S, E = 2, 3, 6, 7, 8
 
 
+def _seeded(draw, *shape: int, seed: int, generator: torch.Generator | None = None, **kwargs) -> torch.Tensor:
+    """``draw(*shape)`` from a CPU generator, on the default device (the tests' numbers are the
+    same under ``COIL_TEST_DEVICE=cuda``)."""
+    generator = generator or torch.Generator().manual_seed(seed)
+    return draw(*shape, generator=generator, device="cpu", **kwargs).to(torch.get_default_device())
+
+
+def autocast_bf16() -> torch.autocast:
+    """bf16 autocast on the default device's type (CPU, or CUDA under ``COIL_TEST_DEVICE``)."""
+    return torch.autocast(torch.get_default_device().type, torch.bfloat16)
+
+
 def _qkv(lq: int = L, ls: int = S, dims: tuple[int, ...] = (B, H), dtype=torch.float32):
     g = torch.Generator().manual_seed(0)
-    make = lambda n: torch.randn(*dims, n, E, generator=g, dtype=dtype).requires_grad_()  # noqa: E731
-    return make(lq), make(ls), make(ls)
+    return tuple(_seeded(torch.randn, *dims, n, E, seed=0, generator=g, dtype=dtype).requires_grad_()
+                 for n in (lq, ls, ls))
 
 
 def _run(fn, args, autocast: bool, read=None):
@@ -35,10 +47,10 @@ def _run(fn, args, autocast: bool, read=None):
     output (times ``read``: 0 where the loss does not read the output)."""
     args = [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
             for a in args]
-    ctx = torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext()
+    ctx = autocast_bf16() if autocast else contextlib.nullcontext()
     with ctx:
         out = fn(*args)
-    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    weight = _seeded(torch.randn, *out.shape, seed=1)
     (out.float() * weight * (1 if read is None else read)).sum().backward()
     return out, [a.grad for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
 
@@ -80,7 +92,7 @@ def check_inference(fn, *args, autocast: bool = False) -> collections.Counter:
     args = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
     before = collections.Counter(attention.rewrites)
     torch._dynamo.reset()
-    ctx = torch.autocast("cpu", torch.bfloat16) if autocast else contextlib.nullcontext()
+    ctx = autocast_bf16() if autocast else contextlib.nullcontext()
     with torch.no_grad(), ctx:
         got, expected = torch.compile(fn, backend="coil")(*args), fn(*args)
     tol = dict(atol=3e-2, rtol=3e-2) if autocast else dict(atol=1e-5, rtol=1e-4)
@@ -212,17 +224,17 @@ def _fill_then_padding(q, k, v, keep, mask):
 
 
 def _position_bias() -> torch.Tensor:
-    return torch.randn(1, H, L, S, generator=torch.Generator().manual_seed(4))
+    return _seeded(torch.randn, 1, H, L, S, seed=4)
 
 
 def _keep_mask(lq: int = L, ls: int = S) -> torch.Tensor:
-    keep = torch.rand(B, 1, lq, ls, generator=torch.Generator().manual_seed(2)) > 0.3
+    keep = _seeded(torch.rand, B, 1, lq, ls, seed=2) > 0.3
     keep[..., 0] = True  # no row hides every key (eager's -inf rows are NaN)
     return keep
 
 
 def _additive_mask() -> torch.Tensor:
-    return torch.randn(B, 1, 1, S, generator=torch.Generator().manual_seed(3))
+    return _seeded(torch.randn, B, 1, 1, S, seed=3)
 
 
 FORMS = {
