@@ -73,6 +73,8 @@ _spell("add", _BINARY, functions=(torch.add, operator.add), methods=("add", "__a
        defaults={"alpha": 1})
 _spell("sub", _BINARY, functions=(torch.sub, torch.subtract, operator.sub), methods=("sub", "subtract", "__sub__"),
        defaults={"alpha": 1})
+# ``1.0 - x`` as Dynamo may record it: ``x.__rsub__(1.0)`` or ``torch.rsub(x, 1.0)``
+_spell("sub", ("other", "input"), functions=(torch.rsub,), methods=("__rsub__",), defaults={"alpha": 1})
 _spell("masked_fill", ("input", "mask", "value"), functions=(torch.masked_fill,),
        methods=("masked_fill",))
 _spell("where", ("condition", "input", "other"), functions=(torch.where,))

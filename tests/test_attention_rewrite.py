@@ -203,7 +203,7 @@ def _causal_triu(q, k, v):
 
 def _causal_arange(q, k, v):
     t = q.size(-2)
-    keep = torch.arange(t)[None, :] <= torch.arange(t)[:, None]
+    keep = torch.arange(t, device=q.device)[None, :] <= torch.arange(t, device=q.device)[:, None]
     s = q @ k.mT * 0.3
     return torch.where(keep, s, torch.finfo(s.dtype).min).softmax(-1) @ v
 

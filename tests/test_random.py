@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import pytest
 import torch
@@ -282,6 +283,8 @@ def test_training_an_mlp_with_dropout_follows_eager(plugin):
 def test_unsafe_random_ops_stay_in_aten(plugin):
     """An explicit generator (Dynamo breaks the graph on one, so this graph comes from make_fx)
     and a float64 ``rand`` are ATen's to draw; the results are the generator's own numbers."""
+    if torch.torch_version.TorchVersion(torch.__version__) < "2.12" and os.environ.get("COIL_TEST_DEVICE"):
+        pytest.skip("torch 2.11's make_fx rejects an explicit generator under a default device")
     generator = torch.Generator().manual_seed(3)
     gm = make_fx(lambda x: (torch.rand(8, generator=generator) + x,
                             aten.bernoulli.p(x, 0.5, generator=generator)))(torch.zeros(8))
