@@ -4,7 +4,8 @@ Two modes, each on one model of ``tests/models/zoo.py`` and one backend (``coil`
 or ``eager``). A step is ``bench/train_side_by_side.py``'s: ``zero_grad(set_to_none=True)``,
 forward and loss under bf16 autocast (float32 with ``--precision fp32``), backward, SGD.
 
-``kernels``: three warm-up steps, then ``--steps`` steps under ``torch.profiler``; the top
+``kernels``: three warm-up steps (inference calls in ``eval()`` under ``no_grad`` with
+``--infer``), then ``--steps`` steps under ``torch.profiler``; the top
 ``--top`` kernels by device time per step, each with the Coil kernels it runs for (``kN_<ops>``,
 the ATen ops they fuse, the graphs they are in), and the copy-like ATen ops (``copy_``,
 ``clone``, ``_to_copy``...) with their input shapes. On the GPU the profiler names a Triton
@@ -34,6 +35,7 @@ rows go to ``DIR/<model>_<backend>_<mode>.json``, with the sources next to it.
 
     python3 bench/train_profile.py kernels tv_resnet18 --device cuda --top 25 --out /tmp/prof
     python3 bench/train_profile.py kernels tv_resnet18 --backend inductor --device cuda
+    python3 bench/train_profile.py kernels timm_swin_tiny --device cuda --infer
     python3 bench/train_profile.py memory hf_gpt2 --device cuda --backend coil --out /tmp/prof
     python3 bench/train_profile.py kernels tv_resnet18 --device cpu --size small --precision fp32
     python3 bench/train_profile.py memory timm_deit_tiny --device cpu --batch 8 --backend inductor"""
@@ -59,7 +61,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # ahead of bench/, whose models.py woul
 import coil  # noqa: E402
 import coil.report  # noqa: E402
 from models import imports, zoo  # noqa: E402
-from train_side_by_side import make_step  # noqa: E402
+from train_side_by_side import make_infer, make_step  # noqa: E402
 import cpu_memory  # noqa: E402
 
 #: Steps run before profiling: the first compiles (forward and backward), the next ones
@@ -200,12 +202,12 @@ def _build(name: str, size: str, device: torch.device) -> zoo.Built:
 
 
 def _warm_step(built: zoo.Built, backend: str, device: torch.device, bf16: bool,
-               sync: Callable[[], Any]) -> tuple[Callable[[], None], coil.report.ExplainReport]:
-    """A compiled training step, run :data:`WARMUP_STEPS` times while Coil's reports are
-    recorded."""
+               sync: Callable[[], Any], infer: bool = False) -> tuple[Callable[[], None], coil.report.ExplainReport]:
+    """A compiled training step (an inference call with ``infer``), run
+    :data:`WARMUP_STEPS` times while Coil's reports are recorded."""
     torch._dynamo.reset()  # a model compiled before in this process would skip the compile
     with coil.report.recording() as report:
-        step, first = make_step(built, backend, device, bf16)
+        step, first = (make_infer if infer else make_step)(built, backend, device, bf16)
         for _ in range(WARMUP_STEPS):
             step()
         sync()
@@ -221,7 +223,7 @@ def profile_kernels(built: zoo.Built, args: argparse.Namespace, device: torch.de
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with compile_settings(triton_names=cuda) as digests:
-        step, report = _warm_step(built, args.backend, device, args.precision == "bf16", sync)
+        step, report = _warm_step(built, args.backend, device, args.precision == "bf16", sync, args.infer)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities, record_shapes=True) as prof:
         for _ in range(args.steps):
@@ -237,7 +239,7 @@ def profile_kernels(built: zoo.Built, args: argparse.Namespace, device: torch.de
     if args.out:
         _write_sources(top, digests, index, args, device)
     return {"model": args.model, "backend": args.backend, "device": device.type, "size": args.size,
-            "precision": args.precision, "steps": args.steps,
+            "precision": args.precision + (", inference" if args.infer else ""), "steps": args.steps,
             "time": "device" if cuda else "self CPU",
             "busy_ms_per_step": busy / 1e3, "calls_per_step": calls,
             "coil_kernels": len(index.kernels), "graphs": [g.name for g in report.graphs],
@@ -444,6 +446,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default="real", choices=("small", "real"))
     parser.add_argument("--precision", default="bf16", choices=("bf16", "fp32"),
                         help="bf16 autocast (the default) or plain float32")
+    parser.add_argument("--infer", action="store_true",
+                        help="kernels: profile inference calls (eval, no_grad) instead of training steps")
     parser.add_argument("--steps", type=int, default=3, help="steps profiled (kernels)")
     parser.add_argument("--top", type=int, default=25, help="rows listed per table")
     parser.add_argument("--out", default="", help="folder for the JSON of the results and the sources")
