@@ -183,3 +183,15 @@ def test_what_eager_rejects_raises_as_in_eager(f, x):
         with pytest.raises(RuntimeError):
             fn(x)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("shape,dims", [((0, 7), None), ((7, 0), 1), ((2, 3, 0, 5), (2, 3))])
+def test_reductions_over_nothing(shape, dims):
+    """Eager's 0, NaN and -inf for reductions over no elements (the Triton plugin loaded an
+    empty extent unmasked: a hunt against eager, session 33; tests/test_triton_semantics.py
+    holds the interpreter's run)."""
+    x = torch.randn(shape)
+    for f in (lambda x: x.sum(dims) if dims else x.sum(), lambda x: x.mean(dims) if dims else x.mean(),
+              lambda x: x.logsumexp(dims if dims else (0, 1))):
+        torch._dynamo.reset()
+        check(f, x)

@@ -40,6 +40,13 @@ PERSISTENT_LIMIT = 8192
 INT32_LIMIT = 2**31 - 1
 
 
+def _overhangs(n: int | None, blocks: list[int]) -> bool:
+    """Whether some block overhangs an extent of ``n`` (unknown: it may). An empty extent is
+    overhung by every block: 0 is a multiple of each, but a block of it loads past the end
+    (a sum of a (7, 0) tensor read out of bounds, found by a hunt against eager, session 33)."""
+    return n is None or n == 0 or any(n % b for b in blocks)
+
+
 def _static(e: sympy.Expr) -> int | None:
     e = sympy.sympify(e)
     return int(e) if e.is_number else None
@@ -95,16 +102,10 @@ class KernelWriter(ValueVisitor[Scope, str]):
     # -- decisions
 
     def _needs_xmask(self) -> bool:
-        n = _static(self.xnumel)
-        return n is None or any(n % c.xblock for c in self.configs)
+        return _overhangs(_static(self.xnumel), [c.xblock for c in self.configs])
 
     def _needs_rmask(self) -> bool:
-        n = _static(self.rnumel)
-        if not self.reduction:
-            return False
-        if n is None:
-            return True
-        return any(n % c.rblock for c in self.configs)
+        return self.reduction and _overhangs(_static(self.rnumel), [c.rblock for c in self.configs])
 
     def _needs_int64(self) -> bool:
         exprs = [self.xnumel * self.rnumel]

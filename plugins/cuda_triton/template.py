@@ -63,8 +63,8 @@ class TemplateWriter(KernelWriter):
                         for c in call.template.configs(call.problem)[:MEASURED_CONFIGS]]
         # masks only where some candidate's tiles overhang the product
         _, m, n, _ = call.problem.static_sizes()
-        self.xmask = any(m % c.xblock for c in self.configs)
-        self.rmask = any(n % c.rblock for c in self.configs)
+        self.xmask = m == 0 or any(m % c.xblock for c in self.configs)
+        self.rmask = n == 0 or any(n % c.rblock for c in self.configs)
 
     def generate(self) -> list[KernelSource]:
         return [self._template()]
