@@ -14,7 +14,8 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from . import aot_cache, aot_training, capture, collect, compile_agreement, freezing, joint_aliases, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
-from .compile import compile_graph, load_compiled, pad_joint_gemms
+from .compile import compile_graph, load_compiled, pad_joint_gemms, report_eager
+from .eager_only import overlapping_input
 from .cse import eliminate_common_subexpressions
 from .decompositions import table
 from .embedding_partition import partition_smaller
@@ -154,6 +155,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         return torch._dynamo.utils.flatten_graph_inputs(
             gm, example_inputs, functools.partial(compile_fx, mode=mode, options=options))
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
+    overlap = overlapping_input(gm, example_inputs)
+    if overlap is not None:  # runs as captured, before AOTAutograd's functional graph (coil.eager_only)
+        report_eager(gm, "captured", overlap)
+        return gm.forward
     if mode == "reduce-overhead":
         cfg.graph_capture = "on"
     layer_key = _aot_cache_key(gm, example_inputs, cfg)

@@ -519,14 +519,19 @@ def report_output_strides(strides: list[tuple[int, ...] | None] | None) -> None:
     context.output_strides[:] = list(strides)
 
 
+def report_eager(gm: torch.fx.GraphModule, kind: str, why: str) -> None:
+    """Warn and report that ``gm`` runs as it is, uncompiled, and why."""
+    log.warning("coil: running the %s graph without compiling it: %s", kind, why)
+    report = GraphReport(f"graph{next(_graph_ids)}", kind, [],
+                         [FallbackRecord("<whole graph>", why, "fallback")], 0, {}, [], gm.code)
+    for obs in list(_observers):
+        obs(report)
+
+
 def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:
     """The last resort when a graph holds something Coil cannot even call (say, a node kind
     it does not know): run the graph as it is, and say so in the report."""
-    log.warning("coil: running the %s graph without compiling it: %s", kind, exc)
-    report = GraphReport(f"graph{next(_graph_ids)}", kind, [],
-                         [FallbackRecord("<whole graph>", str(exc), "fallback")], 0, {}, [], gm.code)
-    for obs in list(_observers):
-        obs(report)
+    report_eager(gm, kind, str(exc))
 
     def call(args: list[Any]) -> Any:
         values = list(args)

@@ -69,3 +69,36 @@ def test_dropout_under_checkpointing_recomputes_the_same_mask():
     dropped = (out == 0) & (x > 0)
     assert 0 < int(dropped.sum()) < int((x > 0).sum())
     torch.testing.assert_close(x.grad, torch.where((out == 0), 0.0, 6.0))  # 3 / (1 - 0.5) where kept
+
+
+def _overlapping_rows() -> torch.Tensor:
+    return torch.arange(10.0).as_strided((4, 7), (1, 1))  # x[i, j] is storage[i + j]
+
+
+def test_a_write_into_an_input_whose_rows_overlap_runs_as_captured():
+    """The write reaches every alias in eager (session 33's hunt: Coil's functional buffers
+    summed the old values, [28, 34, 40, 46] against eager's [43, 43, 44, 46])."""
+    def fn(x):
+        x[:, 0].fill_(7.0)
+        return x.sum(1)
+
+    x, y = _overlapping_rows(), _overlapping_rows()
+    expected = fn(y)
+    report = coil.explain(fn, x)
+    torch.testing.assert_close(report.result, expected)
+    assert torch.equal(torch.empty(0).set_(x.untyped_storage()), torch.empty(0).set_(y.untyped_storage()))
+    assert any(f.op == "<whole graph>" and "share memory" in f.reason for g in report.graphs for f in g.fallbacks)
+
+
+def test_an_expanded_input_only_read_still_compiles():
+    """Elements sharing memory matter only where the graph writes into them: an expanded
+    input beside an in-place op on something else compiles as usual."""
+    def fn(x, bias):
+        y = x * 2
+        y.add_(bias)
+        return y.relu_()
+
+    x, bias = torch.randn(4, 7), torch.randn(7).expand(4, 7)
+    report = coil.explain(fn, x, bias)
+    torch.testing.assert_close(report.result, fn(x, bias))
+    assert report.graphs and not any(f.op == "<whole graph>" for g in report.graphs for f in g.fallbacks)
