@@ -69,7 +69,8 @@ def overlapping_input(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
         written = _written(node)
         if written is None:
             continue
-        value = written.meta.get("example_value") if isinstance(written, torch.fx.Node) else None
+        value = written.meta.get("example_value", written.meta.get("val")) if isinstance(written, torch.fx.Node) \
+            else None
         if not isinstance(value, torch.Tensor):
             return f"the graph writes into a tensor it may not tell apart while input {min(shared.values())}'s " \
                    "elements share memory"
@@ -96,6 +97,8 @@ def _may_overlap(t: torch.Tensor) -> bool:
     stride, each step past the extent of the smaller ones (sizes read at their hints where
     symbolic; none: assume the worst)."""
     try:
+        if any(_hint(sz) == 0 for sz in t.shape):
+            return False  # no elements
         dims = sorted((_hint(st), _hint(sz)) for sz, st in zip(t.shape, t.stride()) if _hint(sz) > 1)
     except ValueError:
         return True
