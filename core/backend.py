@@ -155,9 +155,10 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
         return torch._dynamo.utils.flatten_graph_inputs(
             gm, example_inputs, functools.partial(compile_fx, mode=mode, options=options))
     cfg = config_mod.with_options(config_mod.get(), options)  # this call's knobs and plugin options
-    overlap = overlapping_input(gm, example_inputs)
+    captured = gm.gm if isinstance(gm, torch._dynamo.utils.GmWrapper) else gm  # flattened inputs
+    overlap = overlapping_input(captured, example_inputs)
     if overlap is not None:  # runs as captured, before AOTAutograd's functional graph (coil.eager_only)
-        report_eager(gm, "captured", overlap)
+        report_eager(captured, "captured", overlap)
         return gm.forward
     if mode == "reduce-overhead":
         cfg.graph_capture = "on"

@@ -24,7 +24,8 @@ from .eager_only import eager_only
 from .errors import LoweringError
 from .graph import GraphLowering, LoweredGraph, generated_here
 from .graph_key import GraphKey
-from .graph_report import GraphReport, KernelReport
+from .graph_report import GraphReport, KernelReport, next_graph_name, notify
+from .graph_report import add_observer, remove_observer  # noqa: F401 (coil.compile's API)
 from .kernel import Kernel
 from .lowering import GENERIC, LoweringRegistry
 from .lowering.context import FallbackRecord, capability
@@ -42,20 +43,6 @@ from .scheduler import schedule
 from .wrapper import WrapperWriter
 
 log = logging.getLogger(__name__)
-_graph_ids = itertools.count()
-
-
-#: Observers of every compiled graph (``coil.explain`` installs one).
-_observers: list[Callable[[GraphReport], None]] = []
-
-
-def add_observer(fn: Callable[[GraphReport], None]) -> None:
-    _observers.append(fn)
-
-
-def remove_observer(fn: Callable[[GraphReport], None]) -> None:
-    if fn in _observers:
-        _observers.remove(fn)
 
 
 def lowering_registry() -> LoweringRegistry:
@@ -211,7 +198,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     donated = donation.donated_positions(kind, example_inputs, config)
     # before passes rewrite gm; a frozen graph's constants are this process's: no cache entry
     key = graph_cache.key_for(gm, example_inputs, config, kind, reg, donated) if not frozen else None
-    hit = graph_cache.load(key, reg, kind, lambda: f"graph{next(_graph_ids)}") if key else None
+    hit = graph_cache.load(key, reg, kind, next_graph_name) if key else None
     if key is not None and on_key is not None:
         on_key(key.key)
     mutates = capture.mutates_inputs(gm)  # before passes rewrite gm
@@ -277,7 +264,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         record = k.template.node.record if k.template is not None else None
         if record is not None:
             record.kind, record.reason = "template", f"computed by template {k.template.template.name}"
-    name = f"graph{next(_graph_ids)}"
+    name = next_graph_name()
     sched.steps = _name_kernels(sched.steps)
     collectives.bind(sched.steps, lambda device, op: _collective_impl(reg, device, op))
     collectives.describe(sched.steps)
@@ -336,8 +323,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
                                                      compiled_modules))
     if config.debug_dir:
         _dump(report, config.debug_dir, compiled_modules)
-    for obs in list(_observers):
-        obs(report)
+    notify(report)
     if reference is not None:
         fn = selfcheck.checked(fn, selfcheck.CheckedGraph.of(
             name, kind, reference, lowered, sched.steps, example_inputs, config.debug_dir, donated))
@@ -353,8 +339,7 @@ def _loaded(hit: tuple[Callable, GraphReport, dict], config: Config, kind: str, 
     fn = _first_call_timed(captured, report.stage_seconds, "capture") if captured is not fn else fn
     if config.debug_dir:
         _dump(report, config.debug_dir, modules)
-    for obs in list(_observers):
-        obs(report)
+    notify(report)
     return fn
 
 
@@ -366,7 +351,7 @@ def load_compiled(key: GraphKey, example_inputs: Sequence[Any], config: Config, 
     (what that layer keeps)."""
     reg = plugins.registry()
     with config_active(config):
-        hit = graph_cache.load(graph_cache.Ticket(key, None, 0), reg, kind, lambda: f"graph{next(_graph_ids)}")
+        hit = graph_cache.load(graph_cache.Ticket(key, None, 0), reg, kind, next_graph_name)
         if hit is None:  # (no AOTAutograd to tell the outputs' strides: none needed at run time)
             return None
         return _loaded(hit, config, kind, False, example_inputs, static, reg)
@@ -522,10 +507,9 @@ def report_output_strides(strides: list[tuple[int, ...] | None] | None) -> None:
 def report_eager(gm: torch.fx.GraphModule, kind: str, why: str) -> None:
     """Warn and report that ``gm`` runs as it is, uncompiled, and why."""
     log.warning("coil: running the %s graph without compiling it: %s", kind, why)
-    report = GraphReport(f"graph{next(_graph_ids)}", kind, [],
+    report = GraphReport(next_graph_name(), kind, [],
                          [FallbackRecord("<whole graph>", why, "fallback")], 0, {}, [], gm.code)
-    for obs in list(_observers):
-        obs(report)
+    notify(report)
 
 
 def _eager_graph(gm: torch.fx.GraphModule, kind: str, exc: Exception) -> Callable[[list[Any]], Any]:

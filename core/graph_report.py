@@ -5,6 +5,7 @@ hit, and ``coil.explain`` shows. Its own module so that the compiler and the gra
 import it at the top without importing each other."""
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -68,3 +69,27 @@ class GraphReport:
 
 
 __all__ = ["GraphReport", "KernelReport"]
+
+
+_graph_ids = itertools.count()
+#: Observers of every compiled graph (``coil.explain`` installs one).
+_observers: list[Callable[[GraphReport], None]] = []
+
+
+def next_graph_name() -> str:
+    return f"graph{next(_graph_ids)}"
+
+
+def add_observer(fn: Callable[[GraphReport], None]) -> None:
+    _observers.append(fn)
+
+
+def remove_observer(fn: Callable[[GraphReport], None]) -> None:
+    if fn in _observers:
+        _observers.remove(fn)
+
+
+def notify(report: GraphReport) -> None:
+    """Hand ``report`` to every observer."""
+    for obs in list(_observers):
+        obs(report)
