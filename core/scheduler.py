@@ -117,7 +117,11 @@ def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
     kept: list[ir.Node] = []
     definers = _symbol_definers(graph.nodes)
     for node in reversed(graph.nodes):
-        mutation = isinstance(node, ir.PointwiseNode) and node.mutates
+        # writes into their arguments: a generated one, or a library call's (the write-back
+        # into a complex input falls back to ATen's copy_, which was dropped as dead: a
+        # compiled optimizer step left complex parameters unchanged, a hunt, session 33)
+        mutation = (isinstance(node, ir.PointwiseNode) and node.mutates) or (
+            isinstance(node, ir.ExternNode) and getattr(getattr(node.op, "_schema", None), "is_mutable", False))
         check = isinstance(node, ir.ExternNode) and (node.op in _CHECKS or id(node) in definers)
         if mutation or check or any(out in needed for out in node.outputs()):
             kept.append(node)

@@ -329,3 +329,36 @@ def test_tuning_arguments_copy_only_the_mutated_buffers():
         trial[1].add_(1)
     torch.testing.assert_close(b, b_before)  # the tuning runs wrote over the copy only
     assert trial == []
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128, torch.uint32])
+def test_a_write_into_an_input_the_library_makes_is_kept(dtype):
+    """Coil generates no complex or uint32 code, so the write-back into such an input is
+    ATen's copy_; it was dropped as dead and the input kept its value (a hunt, session 33)."""
+    def fn(p, g):
+        p.copy_(g) if dtype == torch.uint32 else p.add_(g)
+        return g.clone()
+
+    p, g = torch.arange(6).to(dtype), torch.ones(6, dtype=dtype)
+    q = p.clone()
+    expected = fn(p, g)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="coil")(q, g)
+    assert torch.equal(q, p) and torch.equal(got, expected)
+
+
+def test_a_compiled_optimizer_step_updates_complex_parameters():
+    torch.manual_seed(0)
+    params = [torch.randn(4, 3, dtype=torch.complex64, requires_grad=True) for _ in range(2)]
+    copies = [p.detach().clone().requires_grad_() for p in params]
+    opts = [torch.optim.SGD(ps, lr=0.1, momentum=0.9) for ps in (params, copies)]
+    step = torch.compile(opts[1].step, backend="coil")
+    for _ in range(3):
+        for ps in (params, copies):
+            for p in ps:
+                p.grad = (p.detach() * 0.5 + 1).clone()
+        opts[0].step()
+        step()
+    for p, c in zip(params, copies):
+        torch.testing.assert_close(c, p)
+        torch.testing.assert_close(opts[1].state[c]["momentum_buffer"], opts[0].state[p]["momentum_buffer"])
