@@ -55,29 +55,29 @@ def overlapping_input(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
     """Why ``gm`` must run as captured: it may write into a tensor (an in-place op, ``out=``)
     while one of its inputs holds elements that share memory; else None."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    shared = {StorageWeakRef(t.untyped_storage()): i for i, t in enumerate(example_inputs)
-              if isinstance(t, torch.Tensor) and _may_overlap(t)}
-    if not shared:
+    overlapping = [(i, _value(node)) for i, (node, t) in enumerate(zip(placeholders, example_inputs))
+                   if isinstance(t, torch.Tensor) and _may_overlap(t)]
+    if not overlapping:
         return None
-    storages = {}  # the storages of the overlapping inputs as the graph's example values hold them
-    for node, t in zip(placeholders, example_inputs):
-        value = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(t, torch.Tensor) and StorageWeakRef(t.untyped_storage()) in shared and \
-                isinstance(value, torch.Tensor):
-            storages[StorageWeakRef(value.untyped_storage())] = shared[StorageWeakRef(t.untyped_storage())]
+    # the inputs' storages as the graph's example values hold them (None: not known)
+    storages = {StorageWeakRef(v.untyped_storage()) if isinstance(v, torch.Tensor) else None: i
+                for i, v in overlapping}
     for node in gm.graph.nodes:
         written = _written(node)
         if written is None:
             continue
-        value = written.meta.get("example_value", written.meta.get("val")) if isinstance(written, torch.fx.Node) \
-            else None
-        if not isinstance(value, torch.Tensor):
-            return f"the graph writes into a tensor it may not tell apart while input {min(shared.values())}'s " \
-                   "elements share memory"
+        value = _value(written) if isinstance(written, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or None in storages:
+            return f"the graph writes into a tensor it may not tell apart from input {overlapping[0][0]}, " \
+                   "whose elements share memory"
         index = storages.get(StorageWeakRef(value.untyped_storage()))
         if index is not None:
             return f"the graph writes into input {index}, whose elements share memory"
     return None
+
+
+def _value(node: torch.fx.Node) -> Any:
+    return node.meta.get("example_value", node.meta.get("val"))
 
 
 def _written(node: torch.fx.Node) -> Any:
