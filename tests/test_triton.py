@@ -94,6 +94,23 @@ def test_transposing_copy_uses_2d_tiles(backend, shape, perm):
     assert "columns = tl.cdiv(" in source and "rindex" in source
 
 
+def test_cat_with_a_transposed_piece_uses_2d_tiles(backend):
+    """Swin's window attention backward: q, k and v gradients of windows (k's transposed, as
+    its matrix product leaves it) concatenated into the tokens' qkv gradient. The dims are
+    folded by the views (divisions and remainders in the indices), so the transposed read is
+    found by stepping the index, not from its coefficients."""
+    w, h, n, d = 6, 3, 49, 32
+    q, v = torch.randn(w, h, n, d), torch.randn(w, h, n, d)
+    kt = torch.randn(w, h, d, n)
+
+    def fn(q, kt, v):
+        qkv = torch.stack([q * d ** -0.5, kt.transpose(-2, -1), v])
+        return qkv.permute(1, 3, 0, 2, 4).reshape(w * n, 3 * h * d)
+    report = check(fn, q, kt, v)
+    (source,) = _sources(report)
+    assert "columns = tl.cdiv(" in source and "rindex" in source, source
+
+
 # ----------------------------------------------------------------------------- reductions
 
 
@@ -170,7 +187,22 @@ SPLIT_CASES = {
                          lambda: (torch.randn(6, 5, 61, 67) + 1,)),
     "channel_sum_and_max": (lambda a: (a.sum((0, 2, 3)) * 2, a.amax((0, 2, 3))),
                             lambda: (torch.randn(6, 5, 61, 67),)),
+    # a few contiguous kept points: channels-last statistics (tiles 32 wide), five columns
+    # (tiles 8 wide, three rows masked)
+    "channels_last_var_mean": (lambda a: torch.var_mean(a, (0, 2, 3), correction=0),
+                               lambda: (torch.randn(4, 32, 24, 24).to(memory_format=torch.channels_last) + 2,)),
+    "five_columns_sum": (lambda a: a.sum(0) * 2, lambda: (torch.randn(20000, 5),)),
 }
+
+
+def test_split_partial_tiles_fit_few_kept_points():
+    """The partial kernel's tiles are as wide as the kept points need (at least 8, at most 64),
+    every candidate the same width (the grid depends on it), 2048 and 4096 elements."""
+    from coil_cuda_triton import split
+    for xn, xblock in ((5, 8), (16, 16), (32, 32), (48, 64), (1000, 64)):
+        configs = split.partial_configs(xn)
+        assert {c.xblock for c in configs} == {xblock}
+        assert sorted(c.xblock * c.rblock for c in configs) == [2048, 4096]
 
 
 @pytest.mark.parametrize("case", sorted(SPLIT_CASES))
@@ -210,6 +242,32 @@ def test_batch_norm_training_splits_its_channel_statistics(backend):
         torch.testing.assert_close(g, w, atol=1e-4, rtol=1e-4)
     sources = [k.source for r in reports for k in r.kernels]
     assert sum("_combine(" in s for s in sources) >= 2, "statistics and gradient sums both split"
+
+
+def test_layer_norm_weight_gradient_of_merged_patches_splits(backend):
+    """Swin's patch merging: a layer norm over 2x2 patches gathered by a permute. Its weight
+    gradient is a column sum read across the kept points (each row's statistics, read along
+    the rows only, do not count against that): split across programs, equal to eager's."""
+    b, h, c = 2, 56, 8
+    x = torch.randn(b, h, h, c, requires_grad=True)
+    w, bias = torch.randn(4 * c, requires_grad=True), torch.randn(4 * c, requires_grad=True)
+
+    def fn(x, w, bias):
+        y = x.reshape(b, h // 2, 2, h // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return F.layer_norm(y, (4 * c,), w, bias)
+    reports = []
+    from coil.compile import add_observer, remove_observer
+    add_observer(reports.append)
+    try:
+        out = torch.compile(fn, backend="coil")(x, w, bias)
+        dy = torch.randn_like(out)
+        got = torch.autograd.grad(out, (x, w, bias), dy)
+    finally:
+        remove_observer(reports.append)
+    want = torch.autograd.grad(fn(x, w, bias), (x, w, bias), dy)
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, atol=1e-4, rtol=1e-4)
+    assert any("_combine(" in k.source for r in reports for k in r.kernels), "the weight gradient's sum splits"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -19,7 +19,8 @@ writer only through its interface to them, :class:`.strategy.Writer`, which
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Sequence
+import functools
+from typing import Any, Callable, Iterator, Sequence
 
 import sympy
 import torch
@@ -495,22 +496,57 @@ def tile_split(k: Kernel) -> int | None:
     if d < 2 or any(not n.is_number for n in k.x_ranges) or not k.nodes or \
             any(kn.is_reduction for kn in k.nodes):
         return None
-    inner_unit, outer_unit = False, None
+    indices = []
     for kn in k.nodes:
-        indices = [ld.index for ld in _loads(kn.body) if ld.buffer not in k.internal]
+        indices += [sympy.expand(sympy.sympify(ld.index)) for ld in _loads(kn.body) if ld.buffer not in k.internal]
         if kn.node.outputs()[0] not in k.internal:
-            indices.append(kn.store_index)
-        for e in indices:
-            e = sympy.expand(sympy.sympify(e))
-            units = [i for i, v in enumerate(k.x_vars) if e.coeff(v) == 1]
-            if d - 1 in units:
-                inner_unit = True
-            elif units:
-                outer_unit = max(units) if outer_unit is None else max(outer_unit, max(units))
-    if not inner_unit or outer_unit is None:
+            indices.append(sympy.expand(sympy.sympify(kn.store_index)))
+    outer_unit = _unit_dims(indices, k, lambda e, i: e.coeff(k.x_vars[i]) == 1)
+    if outer_unit is None and any(e.atoms(sympy.Function) for e in indices):
+        # dims folded by views (a cat of windows' q, k and v, one of them transposed): unit
+        # steps in most places, not as coefficients
+        outer_unit = _unit_dims(indices, k, lambda e, i: e.coeff(k.x_vars[i]) == 1 or _mostly_unit_step(
+            e, tuple(k.x_vars), tuple(int(n) for n in k.x_ranges), i))
+    if outer_unit is None:
         return None
     rows, cols = sympy.Mul(*k.x_ranges[:outer_unit + 1]), sympy.Mul(*k.x_ranges[outer_unit + 1:])
     return outer_unit + 1 if int(rows) >= 16 and int(cols) >= 16 else None
+
+
+def _unit_dims(indices: list[sympy.Expr], k: Kernel, unit: Callable[[sympy.Expr, int], bool]) -> int | None:
+    """The innermost dim but the last that some access walks with unit stride (``unit(e,
+    dim)``), provided another access walks the last dim so; None otherwise."""
+    d = len(k.x_vars)
+    inner_unit, outer_unit = False, None
+    for e in indices:
+        units = [i for i in range(d) if unit(e, i)]
+        if d - 1 in units:
+            inner_unit = True
+        elif units:
+            outer_unit = max(units) if outer_unit is None else max(outer_unit, max(units))
+    return outer_unit if inner_unit else None
+
+
+#: Where :func:`_mostly_unit_step` samples a dim: fractions of its range.
+_SAMPLES = (0.13, 0.37, 0.61, 0.89)
+
+
+@functools.lru_cache(maxsize=4096)
+def _mostly_unit_step(e: sympy.Expr, xs: tuple[sympy.Symbol, ...], ranges: tuple[int, ...], dim: int) -> bool:
+    """Whether stepping dim ``dim`` (of ``xs`` over ``ranges``) by one moves index ``e``, which
+    reads it through a division or remainder, by one at most sampled points (the other dims
+    at the same fractions of their ranges)."""
+    v = xs[dim]
+    if ranges[dim] < 2 or not any(v in f.free_symbols for f in e.atoms(sympy.Function)):
+        return False
+    hits = 0
+    for f in _SAMPLES:
+        point = {x: sympy.Integer(min(int(n * f), n - 2) if i == dim else int(n * f))
+                 for i, (x, n) in enumerate(zip(xs, ranges))}
+        here = e.xreplace(point)
+        point[v] += 1
+        hits += (e.xreplace(point) - here) == 1
+    return hits * 4 >= len(_SAMPLES) * 3
 
 
 def _loads(v: Value) -> list[Load]:
@@ -530,13 +566,18 @@ def node_indices(kn: KernelNode) -> list[sympy.Expr]:
 
 def _contiguous_along_x(k: Kernel) -> bool:
     """Whether more accesses have unit stride along the innermost kept dim than along the
-    innermost reduced dim (a column reduction such as ``x.sum(0)``)."""
+    innermost reduced dim (a column reduction such as ``x.sum(0)``). Only tile-shaped reads
+    count, those that vary along both levels: a vector broadcast across the kept points (a
+    layer norm's per-row statistics in its weight gradient) is read once per tile of them."""
     if not k.x_ranges or not k.r_ranges:
         return False
     x, r = k.x_vars[-1], k.r_vars[-1]
     along_x = along_r = 0
     for kn in k.nodes:
         for e in [ld.index for ld in _loads(kn.body) if ld.buffer not in k.internal]:
+            e = sympy.sympify(e)
+            if not (e.free_symbols & set(k.x_vars)) or not (e.free_symbols & set(k.r_vars)):
+                continue
             dx, dr = sympy.diff(e, x), sympy.diff(e, r)
             along_x += dx == 1 and dr != 1
             along_r += dr == 1

@@ -12,7 +12,8 @@ chunk) pair is visited once), and an epilogue at the kept points (a mean's divis
 loss's scale) runs in the second kernel after the partials are combined.
 
 Kept points that are contiguous in memory (a column sum of a row-major matrix) are read in
-``[64, 64]`` tiles across them. A whole-tensor reduction (one kept point: ``mse_loss``), and
+tiles across up to 64 of them (as few as cover them: 32 channels of a channels-last
+activation get tiles 32 wide), with up to 1024 chunks. A whole-tensor reduction (one kept point: ``mse_loss``), and
 a few kept points that are not contiguous (batch norm's per-channel statistics of an NCHW
 tensor: 64 channels of 800 thousand elements each in ResNet's first layer, where one
 program per channel took 3.7 ms on the H200), give each program one kept point and a long
@@ -35,12 +36,20 @@ from .strategy import Scope, Writer
 SPLITTABLE = ("sum", "prod", "max", "min", "any", "all", "welford")
 #: Programs to aim for: a few waves of the H200's 132 SMs.
 TARGET_PROGRAMS = 528
-XBLOCK, RBLOCK = 64, 64  # RBLOCK: the largest any candidate uses (chunks are multiples of it)
-#: Candidates of the partial kernel (XBLOCK is fixed: the grid depends on it).
-PARTIAL_CONFIGS = [Config(XBLOCK, 32, num_warps=4), Config(XBLOCK, 64, num_warps=8)]
+#: Contiguous kept points per program at most, and at least (fewer kept points than this
+#: leave rows of the tile masked).
+XBLOCK, LEAST_XBLOCK = 64, 8
+#: Elements and warps of the partial kernel's two candidate tiles (``XBLOCK x RBLOCK``: 64 x 32
+#: and 64 x 64 where there are 64 kept points or more; 32 x 64 and 32 x 128 for 32 of them).
+PARTIAL_TILES = ((2048, 4), (4096, 8))
 #: Chunks at most: with several kept blocks, and with a single kept point (whose only program
-#: would otherwise loop over every element alone).
-MOST_SPLITS, MOST_SPLITS_ONE_POINT = 64, 512
+#: would otherwise loop over every element alone). A few contiguous kept points (batch norm's
+#: 32 channels of a channels-last activation of 800 thousand rows) need the most chunks: 64
+#: programs of [64, 64] tiles, half of them masked, ran EfficientNet-B0's first gradient sums
+#: at 0.3 TB/s on an H100.
+MOST_SPLITS, MOST_SPLITS_ONE_POINT = 1024, 512
+#: Elements of the combining kernel's tile (kept points x chunks).
+COMBINE_TILE = 4096
 #: A single kept point's chunks, and those of kept points not contiguous in memory, are read
 #: by one row of long blocks instead.
 RBLOCK_ONE_POINT = 2048
@@ -53,6 +62,21 @@ WELFORD_FIELDS = ("mean", "m2", "n")
 def _rows(kw: Writer) -> bool:
     """Whether each program reduces one kept point's chunk as a row of long blocks."""
     return int(kw.xnumel) == 1 or not kw.x_contiguous
+
+
+def partial_configs(xn: int) -> list[Config]:
+    """The partial kernel's candidates for ``xn`` contiguous kept points: every one with the
+    same ``XBLOCK`` (the grid depends on it), as few rows as cover the kept points."""
+    xblock = min(XBLOCK, max(LEAST_XBLOCK, pow2_at_least(xn)))
+    return [Config(xblock, elements // xblock, num_warps=warps) for elements, warps in PARTIAL_TILES]
+
+
+def _blocking(kw: Writer) -> tuple[int, int, list[Config]]:
+    """(XBLOCK, the largest RBLOCK, the candidates) of the partial kernel."""
+    if _rows(kw):
+        return 1, RBLOCK_ONE_POINT, list(ONE_POINT_CONFIGS)
+    configs = partial_configs(int(kw.xnumel))
+    return configs[0].xblock, max(c.rblock for c in configs), configs
 
 
 def splits(kw: Writer) -> int:
@@ -75,12 +99,12 @@ def splits(kw: Writer) -> int:
         return 1
     if len(loops) == 2 and any(isinstance(kn.node, ReductionNode) for kn in loops[1].nodes):
         return 1
-    blocks = xn if rows else -(-xn // XBLOCK)
+    xblock, rblock, _ = _blocking(kw)
+    blocks = -(-xn // xblock)
     if blocks * 2 > TARGET_PROGRAMS:
         return 1
     if xn == 1:
         return max(2, min(MOST_SPLITS_ONE_POINT, rn // (4 * RBLOCK_ONE_POINT)))
-    rblock = RBLOCK_ONE_POINT if rows else RBLOCK
     return max(2, min(MOST_SPLITS, pow2_at_least(TARGET_PROGRAMS // blocks), rn // (4 * rblock)))
 
 
@@ -110,9 +134,7 @@ def generate(kw: Writer, split: int) -> list[KernelSource]:
     types = ([POINTER[k.dtypes[b]] for b in k.inputs + k.outputs] + [POINTER[d] for _, d in ws]  # type: ignore[index]
              + ["i64"] * len(k.size_args))
     xn, rn = int(kw.xnumel), int(kw.rnumel)
-    rows = _rows(kw)
-    xblock = 1 if rows else XBLOCK
-    rblock = RBLOCK_ONE_POINT if rows else RBLOCK
+    xblock, rblock, configs = _blocking(kw)
     chunk = -(-rn // split)
     chunk = -(-chunk // rblock) * rblock
     blocks = -(-xn // xblock)
@@ -153,7 +175,7 @@ def generate(kw: Writer, split: int) -> list[KernelSource]:
             for (param, dtype), res in zip(_workspaces_of(kn.node), results):
                 w.line(f"tl.store({param} + part * {xn} + xindex, ({res}).to({STORAGE[dtype]}), xmask)")
     first = KernelSource(k.name, w.text(), params, types, "split", sympy.Integer(blocks * xblock * split),
-                         kw.rnumel, list(ONE_POINT_CONFIGS if rows else PARTIAL_CONFIGS), True,
+                         kw.rnumel, configs, True,
                          k.inputs + k.outputs + [p[2:] for p, _ in ws], xmask=True, rmask=True,
                          workspaces=[(split * xn, d) for _, d in ws])
     # -- combine the partials, then the epilogue at the kept points
@@ -189,7 +211,7 @@ def generate(kw: Writer, split: int) -> list[KernelSource]:
         if len(k.loops) == 2:
             kw.emit(k.loops[1].nodes, "x", Scope(mask="xmask"))
     second = KernelSource(name, w2.text(), params, types, "pointwise-2d", sympy.Integer(xn), sympy.Integer(split),
-                          [Config(64, sblock, num_warps=4)], False, first.buffers, xmask=True, rmask=True)
+                          [Config(max(1, min(64, COMBINE_TILE // sblock)), sblock, num_warps=4)], False, first.buffers, xmask=True, rmask=True)
     return [first, second]
 
 
