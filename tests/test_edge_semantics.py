@@ -74,6 +74,20 @@ def test_integer_division_by_minus_one_wraps_as_in_eager(dtype):
     check(lambda a, b: (a // b, a % b, torch.fmod(a, b)), a, b)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_signed_integer_overflow_wraps_as_in_eager(dtype):
+    """Eager's integer arithmetic wraps (two's complement). In C++ a signed overflow is
+    undefined, and GCC at -O3 folded ``(x + 1) > x`` to true, ``(x * 2) // 2`` to x and
+    ``x.abs() >= 0`` to true (found by a hunt, session 34): the C++ plugin builds with
+    ``-fwrapv``."""
+    info = torch.iinfo(dtype)
+    x = torch.tensor([info.max, info.min, -5, 7, info.min + 1], dtype=dtype)
+    check(lambda x: ((x + 1) > x, (x * 2) // 2, x.abs() >= 0, (x * 2) > 0, x.abs() % 20,
+                     torch.maximum(x + 1, x), torch.minimum(x - 1, x), (x * 3) // 3, -x > 0), x)
+    y = torch.tensor([info.max, info.max, 3], dtype=dtype)
+    check(lambda y: (y.sum(), y.cumsum(0), y.prod()), y)
+
+
 def test_integer_powers_constants_and_uint8_casts_as_in_eager():
     """Cases the Triton plugin computed with Triton's or LLVM's semantics (session 31; see
     ``tests/test_triton_semantics.py``): here for the GPU run."""

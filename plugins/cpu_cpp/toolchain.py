@@ -32,6 +32,9 @@ HEADERS = tuple(sorted(HEADER.parent.glob("*.h")))
 #: callee-saved pushes leave at 8 mod 16, where an aligned ``vmovdqa`` faults (F.normalize's
 #: gradient over 4 elements segfaulted). Without a red zone the frame is allocated aligned; the
 #: cost is a ``sub``/``add`` of the stack pointer per call.
+#: ``-fwrapv``: signed integer arithmetic wraps, as eager's does. Without it a signed overflow is
+#: undefined and GCC at -O3 folded ``(x + 1) > x`` to true and ``(x * 2) // 2`` to x for int32
+#: and int64 tensors (session 34); float code is unaffected.
 #: ``-mprefer-vector-width=512`` (x86-64 only; without AVX-512 there are no wider vectors to
 #: prefer): GCC 12 tunes ``-march=native`` on these Xeons for 256-bit vectors, but the inner loop
 #: of a channels-last kernel runs over 16 to 96 channels, one to six 512-bit vectors. Measured
@@ -39,7 +42,7 @@ HEADERS = tuple(sorted(HEADER.parent.glob("*.h")))
 #: medians): mobilenetv3_small_050 160 -> 145 ms, EfficientNet-B0 2900 -> 2716 ms; a
 #: channels-last batch norm + hardswish over 64x16x112x112 alone 11.8 -> 8.7 ms.
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17", "-shared", "-fPIC",
-         "-fno-math-errno", "-fno-trapping-math", "-w",
+         "-fno-math-errno", "-fno-trapping-math", "-fwrapv", "-w",
          *(["-mno-red-zone", "-mprefer-vector-width=512"] if platform.machine() == "x86_64" else [])]
 
 
