@@ -270,6 +270,12 @@ HISTORY: tuple[Release, ...] = (
                "keep the Welford state of a float32 var, std or var_mean called as such (not "
                "of a norm's statistics) in float64, as eager's CPU kernels do"),
     )),
+    Release("1.11.0", (
+        Change("Capabilities.half_scalars_rounded (default False): True makes the core round "
+               "a Python number combined with a float16 or bfloat16 tensor by add, sub (and "
+               "alpha), remainder, fmod, pow or atan2 to the half type first, as eager's CPU "
+               "kernels do"),
+    )),
 )
 
 #: The API version this Coil provides.

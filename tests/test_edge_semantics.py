@@ -88,6 +88,33 @@ def test_signed_integer_overflow_wraps_as_in_eager(dtype):
     check(lambda y: (y.sum(), y.cumsum(0), y.prod()), y)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_constants_hold_the_half_value(dtype):
+    """A half tensor made by ``full``, ``full_like`` or ``fill_`` holds the fill rounded to
+    its type; fused into a consumer computing in float32, the fill was read unrounded (0.1
+    where eager's tensor holds 0.0999755859375; found by a hunt, session 34)."""
+    x = torch.tensor([1000.0, 3.0, 0.001, 7.0, -2.5], dtype=dtype)
+    check(lambda x: (torch.full_like(x, 0.1) * x, torch.full((5,), 0.1, dtype=dtype) + x,
+                     torch.full_like(x, 0.1).float() + x.float(), torch.empty_like(x).fill_(3.3) * x),
+          x, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_scalar_operands_as_in_eager(dtype):
+    """A Python number with a half tensor: eager's CPU kernels round it to the half type for
+    ``add``, ``sub`` (and ``alpha``), ``remainder``, ``fmod``, ``pow`` and ``atan2``, and read
+    it unrounded for ``mul`` and ``div`` (``Capabilities.half_scalars_rounded``); ``a + alpha
+    * b`` is rounded once. ``(x + 1000.7) - 1000.7`` gave 9.797 for 10 in float16 (session 34).
+    64 elements: eager's CPU ``add`` with ``alpha`` rounds ``alpha * b`` to the half type in
+    its scalar loop (a tensor's last few elements) but not in its vector loop."""
+    x = torch.tensor([10.0, 7.0, 1.0, -20.0, 0.001, 2.7, 0.3, 5.1], dtype=dtype).repeat(8)
+    y = torch.linspace(-3, 3, 64, dtype=dtype)
+    check(lambda x, y: ((x + 1000.7) - 1000.7, x % 0.1, torch.fmod(x, 0.3), x + 3.3, 3.3 - x,
+                        x.abs() ** 0.3333, 1e5 ** (x / 40), x * 3.3, x / 3.3, torch.add(x, y, alpha=0.1),
+                        torch.sub(x, y, alpha=3.3), torch.atan2(x, torch.tensor(0.3))),
+          x, y, atol=0, rtol=0)
+
+
 def test_integer_powers_constants_and_uint8_casts_as_in_eager():
     """Cases the Triton plugin computed with Triton's or LLVM's semantics (session 31; see
     ``tests/test_triton_semantics.py``): here for the GPU run."""

@@ -10,7 +10,7 @@ from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dty
 
 from .. import ir
 from ..errors import LoweringError
-from .context import LoweringContext
+from .context import LoweringContext, capability
 from .registry import lowering
 from .values import TensorValue, broadcast_shapes, broadcast_to, cast, const, lazy
 
@@ -91,11 +91,32 @@ def _rounded(a: Any, dtype: torch.dtype) -> Any:
     return a
 
 
+#: Ops whose operands eager's CPU kernels round to a half-precision result's dtype before
+#: computing in float32 (a Python number, a 0-d tensor of a wider float type); ``mul`` and
+#: ``div`` read a scalar unrounded. Where ``Capabilities.half_scalars_rounded`` says so.
+SCALAR_ROUNDING_OPS = frozenset({"add", "sub", "remainder", "fmod", "pow", "atan2"})
+
+
+def scalars_rounded(op: str, args: Sequence[Any]) -> list[Any]:
+    """``args`` of ``op`` as the backend's eager reads them: rounded to a half-precision
+    common dtype where :data:`SCALAR_ROUNDING_OPS` and the backend's capability say so
+    (``x_fp16 + 1000.7`` adds 1000.5 on the CPU)."""
+    tensors = [a for a in args if isinstance(a, TensorValue)]
+    if op not in SCALAR_ROUNDING_OPS or not tensors:
+        return list(args)
+    common = promoted_dtype(args[:2])  # add's and sub's alpha does not take part in promotion
+    if common not in LOW_PRECISION or not capability(tensors[0].device, "half_scalars_rounded", False):
+        return list(args)
+    return [_rounded(a, common) for a in args]
+
+
 def _register(ops: Sequence[Any], name: str, kind: str) -> None:
     def lower(ctx: LoweringContext, *args: Any, **kwargs: Any) -> TensorValue:
         if kwargs:
             raise LoweringError(ctx.origin, f"unsupported arguments {sorted(kwargs)}")
         out = _out_dtype(ctx)
+        if kind == "arith":
+            args = tuple(scalars_rounded(name, args))
         if kind == "compare":
             common = promoted_dtype(args)
             return pointwise(name, [_rounded(a, common) for a in args], out, operand_dtype=common)
@@ -154,20 +175,37 @@ for _name, _ops, _kind in _SIMPLE:
 @lowering(aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar,
           aten.rsub.Tensor)
 def _add_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1) -> TensorValue:
+    """``a + alpha * b`` (or minus) computed in the compute dtype and rounded once, as eager's
+    kernels do: ``alpha * b`` is not rounded to a half type first. Where eager's kernels round
+    scalars (:func:`scalars_rounded`), ``alpha`` and scalar operands are rounded to the half
+    type first."""
     out = _out_dtype(ctx)
     name = ctx.origin
     reverse = "rsub" in name
     if reverse:
         a, b = b, a
-    if alpha != 1:
-        b = pointwise("mul", [b, alpha], out) if isinstance(b, TensorValue) else b * alpha
     op = "add" if "add" in name else "sub"
     if not isinstance(a, TensorValue) and not isinstance(b, TensorValue):
         raise LoweringError(name, "no tensor operand")
     if op == "sub" and any(isinstance(v, bool) or (isinstance(v, TensorValue) and v.dtype == torch.bool)
                            for v in (a, b)):
         raise LoweringError(name, "subtraction with a bool operand (eager raises)")
-    return pointwise(op, [a, b], out)
+    a, b, alpha = scalars_rounded(op, [a, b, alpha])
+    if alpha == 1:
+        return pointwise(op, [a, b], out)
+    if not isinstance(b, TensorValue):
+        return pointwise(op, [a, b * alpha], out)
+    tensors = [t for t in (a, b) if isinstance(t, TensorValue)]
+    size = broadcast_shapes(*(t.size for t in tensors))
+    a_, b_ = (broadcast_to(t, size) if isinstance(t, TensorValue) else t for t in (a, b))
+    opnd = compute_dtype(out)
+
+    def fn(idx: list[ir.Expr]) -> ir.Value:
+        x, y = (cast(t.load(idx), opnd) if isinstance(t, TensorValue) else const(t, opnd) for t in (a_, b_))
+        scaled = ir.Op(opnd, name="mul", args=(y, const(alpha, opnd)))
+        return cast(ir.Op(opnd, name=op, args=(x, scaled)), out)
+
+    return lazy(out, tensors[0].device, size, fn)
 
 
 @lowering(aten.div.Tensor_mode, aten.div.Scalar_mode)
@@ -240,7 +278,7 @@ def _pow_scalar(ctx: LoweringContext, a: TensorValue, exponent: Any) -> TensorVa
         return pointwise("rsqrt", [a], out)
     if exponent in (3, -2) and out.is_floating_point and not out.is_complex:
         return _pow_by_products(a, int(exponent), out)
-    return pointwise("pow", [a, exponent], out)
+    return pointwise("pow", scalars_rounded("pow", [a, exponent]), out)
 
 
 def _pow_by_products(a: TensorValue, exponent: int, out: torch.dtype) -> TensorValue:
@@ -264,7 +302,7 @@ def _pow_by_products(a: TensorValue, exponent: int, out: torch.dtype) -> TensorV
 
 @lowering(aten.pow.Scalar)
 def _pow_scalar_base(ctx: LoweringContext, base: Any, exponent: TensorValue) -> TensorValue:
-    return pointwise("pow", [base, exponent], _out_dtype(ctx))
+    return pointwise("pow", scalars_rounded("pow", [base, exponent]), _out_dtype(ctx))
 
 
 @lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,

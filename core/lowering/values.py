@@ -2,6 +2,8 @@
 users) and ``Realized`` (a buffer seen through a strided layout, which covers views)."""
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -68,11 +70,21 @@ def cast(v: Value, dtype: torch.dtype) -> Value:
 def _convert_const(value: object, dtype: torch.dtype) -> bool | int | float:
     if dtype == torch.bool:
         return bool(value)
+    if dtype in (torch.float16, torch.bfloat16):
+        return _half(float(value), dtype)  # type: ignore[arg-type]
     if dtype.is_floating_point:
         return float(value)  # type: ignore[arg-type]
     if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
         return value
     return int(value)  # type: ignore[call-overload]
+
+
+@functools.lru_cache(maxsize=1024)
+def _half(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to a half type: a constant of that type holds what a tensor of it
+    would (``torch.full((4,), 0.1, dtype=torch.float16)`` holds 0.0999755859375, and a
+    consumer computing in float32 reads that)."""
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype))
 
 
 def const(value: object, dtype: torch.dtype) -> Value:
