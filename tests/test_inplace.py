@@ -15,8 +15,17 @@ import torch.nn.functional as F
 import coil
 from coil import config, plugins
 from coil.inplace import dense
+from helpers import cpu_tensors
 
 BACKENDS = ["cpu_cpp", "triton"]
+
+
+@pytest.fixture(autouse=True)
+def _cpu_tensors():
+    """These tests route the ``cpu`` device to each plugin and count its in-place writes:
+    CPU tensors, also under ``COIL_TEST_DEVICE=cuda``."""
+    with cpu_tensors():
+        yield
 
 
 @pytest.fixture(params=BACKENDS)
