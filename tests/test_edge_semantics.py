@@ -215,7 +215,12 @@ def test_half_comparisons_round_the_other_side_as_in_eager(f, dtype):
     (lambda x: True - x, torch.tensor([1, 2])),
     (lambda x: x.clamp(min=1e10), torch.tensor([0.0, 2.0], dtype=torch.float16)),
     (lambda x: torch.full_like(x, -1e10), torch.tensor([0.0, 2.0], dtype=torch.float16)),
-], ids=["bool_sub", "rsub_bool", "half_clamp_overflow", "half_full_overflow"])
+    # eager has no bool kernel for these (session 34's hunt: Coil returned 0, [1, 1], False)
+    (lambda x: x.argmax(), torch.tensor([True, False, True])),
+    (lambda x: True ** x, torch.tensor([True, False])),
+    (lambda x: x % True, torch.tensor([True, False])),
+], ids=["bool_sub", "rsub_bool", "half_clamp_overflow", "half_full_overflow", "bool_argmax", "bool_pow",
+        "bool_remainder"])
 def test_what_eager_rejects_raises_as_in_eager(f, x):
     """Subtraction with a bool operand, and a number past a half type's range, raise in eager;
     Coil computed them (an int, or inf; session 30). Eager on the GPU machine (CUDA, torch

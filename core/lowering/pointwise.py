@@ -91,6 +91,9 @@ def _rounded(a: Any, dtype: torch.dtype) -> Any:
     return a
 
 
+#: Ops eager has no bool kernel for (``bool_tensor % True`` raises, on the CPU and CUDA).
+BOOL_REFUSED = frozenset({"remainder", "fmod", "pow"})
+
 #: Ops whose operands eager's CPU kernels round to a half-precision result's dtype before
 #: computing in float32 (a Python number, a 0-d tensor of a wider float type); ``mul`` and
 #: ``div`` read a scalar unrounded. Where ``Capabilities.half_scalars_rounded`` says so.
@@ -115,6 +118,8 @@ def _register(ops: Sequence[Any], name: str, kind: str) -> None:
         if kwargs:
             raise LoweringError(ctx.origin, f"unsupported arguments {sorted(kwargs)}")
         out = _out_dtype(ctx)
+        if name in BOOL_REFUSED and out == torch.bool:
+            raise LoweringError(ctx.origin, f"{name} of bools (eager has no kernel for it and raises)")
         if kind == "arith":
             args = tuple(scalars_rounded(name, args))
         if kind == "compare":
@@ -302,7 +307,10 @@ def _pow_by_products(a: TensorValue, exponent: int, out: torch.dtype) -> TensorV
 
 @lowering(aten.pow.Scalar)
 def _pow_scalar_base(ctx: LoweringContext, base: Any, exponent: TensorValue) -> TensorValue:
-    return pointwise("pow", scalars_rounded("pow", [base, exponent]), _out_dtype(ctx))
+    out = _out_dtype(ctx)
+    if isinstance(base, bool) and exponent.dtype == torch.bool:
+        raise LoweringError(ctx.origin, "pow of bools (eager has no kernel for it and raises)")
+    return pointwise("pow", scalars_rounded("pow", [base, exponent]), out)
 
 
 @lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_min.Tensor,

@@ -202,6 +202,8 @@ lowering(aten.all.dim, aten.all.dims, aten.all.default)(_simple("all"))
 @lowering(aten.argmax.default, aten.argmin.default)
 def _arg(ctx: LoweringContext, x: TensorValue, dim: int | None = None, keepdim: bool = False) -> TensorValue:
     rtype = "argmax" if "argmax" in ctx.origin else "argmin"
+    if x.dtype == torch.bool:
+        raise LoweringError(ctx.origin, "bool input (eager has no kernel for it and raises)")
     if dim is None:
         if keepdim:
             raise LoweringError(ctx.origin, "keepdim without dim")
