@@ -114,12 +114,12 @@ class Capabilities:
     #: 3e-8). The statistics of layer, batch and group norms stay float32, as in eager's CPU
     #: norm kernels. False: float32 throughout, as eager's CUDA kernels (SDK 1.10.0).
     float32_variance_in_float64: bool = False
-    #: Whether a Python number (or a 0-d tensor of a wider float type) combined with a float16
-    #: or bfloat16 tensor by ``add``, ``sub`` (and their ``alpha``), ``remainder``, ``fmod``,
-    #: ``pow`` or ``atan2`` is first rounded to the half type, as eager's CPU kernels do
-    #: (``x_fp16 + 1000.7`` adds 1000.5; ``mul`` and ``div`` read the number unrounded). False:
-    #: the number is used in float32 (SDK 1.11.0). Default False.
-    half_scalars_rounded: bool = False
+    #: Whether a Python number (or a 0-d tensor of a wider float type) added to or subtracted
+    #: from a float16 or bfloat16 tensor, and ``alpha``, are first rounded to the half type, as
+    #: eager's CPU kernels do (``x_fp16 + 1000.7`` adds 1000.5). False: used in float32, as
+    #: eager's CUDA kernels (SDK 1.11.0). ``remainder``, ``fmod``, ``pow`` and ``atan2`` round
+    #: such a number on every device, ``mul`` and ``div`` on none. Default False.
+    half_add_scalars_rounded: bool = False
     #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
     #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.

@@ -271,10 +271,9 @@ HISTORY: tuple[Release, ...] = (
                "of a norm's statistics) in float64, as eager's CPU kernels do"),
     )),
     Release("1.11.0", (
-        Change("Capabilities.half_scalars_rounded (default False): True makes the core round "
-               "a Python number combined with a float16 or bfloat16 tensor by add, sub (and "
-               "alpha), remainder, fmod, pow or atan2 to the half type first, as eager's CPU "
-               "kernels do"),
+        Change("Capabilities.half_add_scalars_rounded (default False): True makes the core "
+               "round a Python number added to or subtracted from a float16 or bfloat16 tensor, "
+               "and alpha, to the half type first, as eager's CPU kernels do"),
     )),
 )
 

@@ -94,21 +94,27 @@ def _rounded(a: Any, dtype: torch.dtype) -> Any:
 #: Ops eager has no bool kernel for (``bool_tensor % True`` raises, on the CPU and CUDA).
 BOOL_REFUSED = frozenset({"remainder", "fmod", "pow"})
 
-#: Ops whose operands eager's CPU kernels round to a half-precision result's dtype before
-#: computing in float32 (a Python number, a 0-d tensor of a wider float type); ``mul`` and
-#: ``div`` read a scalar unrounded. Where ``Capabilities.half_scalars_rounded`` says so.
-SCALAR_ROUNDING_OPS = frozenset({"add", "sub", "remainder", "fmod", "pow", "atan2"})
+#: Ops whose operands eager's kernels round to a half-precision common dtype before computing
+#: in float32 (a Python number, a 0-d tensor of a wider float type): ATen converts them to
+#: the common dtype, on the CPU and CUDA (a CUDA ``x_fp16 % 0.1`` differed from Coil's
+#: float32 one by up to 0.1 on an H100, session 34). ``mul`` and ``div`` read a scalar
+#: unrounded on both; ``add`` and ``sub`` (and ``alpha``) round it on the CPU only
+#: (:data:`ADD_SUB`, ``Capabilities.half_add_scalars_rounded``).
+SCALAR_ROUNDING_OPS = frozenset({"remainder", "fmod", "pow", "atan2"})
+ADD_SUB = frozenset({"add", "sub"})
 
 
 def scalars_rounded(op: str, args: Sequence[Any]) -> list[Any]:
-    """``args`` of ``op`` as the backend's eager reads them: rounded to a half-precision
-    common dtype where :data:`SCALAR_ROUNDING_OPS` and the backend's capability say so
-    (``x_fp16 + 1000.7`` adds 1000.5 on the CPU)."""
+    """``args`` of ``op`` as eager reads them: rounded to a half-precision common dtype for
+    :data:`SCALAR_ROUNDING_OPS`, and for :data:`ADD_SUB` where the backend says its eager
+    does (``x_fp16 + 1000.7`` adds 1000.5 on the CPU, 1000.7 on CUDA)."""
     tensors = [a for a in args if isinstance(a, TensorValue)]
-    if op not in SCALAR_ROUNDING_OPS or not tensors:
+    if op not in SCALAR_ROUNDING_OPS | ADD_SUB or not tensors:
         return list(args)
     common = promoted_dtype(args[:2])  # add's and sub's alpha does not take part in promotion
-    if common not in LOW_PRECISION or not capability(tensors[0].device, "half_scalars_rounded", False):
+    if common not in LOW_PRECISION:
+        return list(args)
+    if op in ADD_SUB and not capability(tensors[0].device, "half_add_scalars_rounded", False):
         return list(args)
     return [_rounded(a, common) for a in args]
 

@@ -13,8 +13,8 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    # 1.11.0: declares Capabilities.half_scalars_rounded (eager's CPU add, sub, remainder,
-    # fmod, pow and atan2 round a scalar to a half tensor's type); 1.10.0: declares Capabilities.float32_variance_in_float64 (eager's CPU var/std run
+    # 1.11.0: declares Capabilities.half_add_scalars_rounded (eager's CPU add and sub round a
+    # scalar and alpha to a half tensor's type); 1.10.0: declares Capabilities.float32_variance_in_float64 (eager's CPU var/std run
     # in double); 1.9.0: declares Capabilities.float32_scans_in_float64 (eager's CPU scans run in double);
     # 1.8.0: declares Capabilities.gemm_bias_epilogue False (ATen's CPU addmm copies the
     # bias in a pass of its own); 1.7.0: their backward as matrix products too; 1.6.0: 1x1 convolutions as matrix

@@ -143,7 +143,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         self.capabilities = sdk.Capabilities(vector_width=16, random=True, inplace_reductions=True,
                                              conv_channels_last=True, depthwise_conv=True,
                                              gemm_bias_epilogue=False, float32_scans_in_float64=True,
-                                             float32_variance_in_float64=True, half_scalars_rounded=True,
+                                             float32_variance_in_float64=True, half_add_scalars_rounded=True,
                                              template_dialects=frozenset({"cpp"}),
                                              compiler=os.environ.get("CXX", "g++"))
 
