@@ -201,6 +201,8 @@ def _add_sub(ctx: LoweringContext, a: Any, b: Any, alpha: Any = 1) -> TensorValu
     if op == "sub" and any(isinstance(v, bool) or (isinstance(v, TensorValue) and v.dtype == torch.bool)
                            for v in (a, b)):
         raise LoweringError(name, "subtraction with a bool operand (eager raises)")
+    if out in LOW_PRECISION:  # eager's CPU kernels convert alpha to the type, checked: past it they raise
+        check_scalar_fits(name, alpha, out)
     a, b, alpha = scalars_rounded(op, [a, b, alpha])
     if alpha == 1:
         return pointwise(op, [a, b], out)
@@ -277,6 +279,8 @@ def _pow_scalar(ctx: LoweringContext, a: TensorValue, exponent: Any) -> TensorVa
     if not out.is_floating_point and not out.is_complex and isinstance(exponent, int) and exponent < 0:
         # eager raises "Integers to negative integer powers are not allowed": the library will
         raise LoweringError(ctx.origin, "an integer to a negative integer power")
+    if out.is_floating_point:  # eager converts the exponent to the type, checked: past it, it raises
+        check_scalar_fits(ctx.origin, exponent, out)
     if exponent == 2:
         return pointwise("square", [a], out)
     if exponent == 1:
