@@ -13,11 +13,11 @@ loss's scale) runs in the second kernel after the partials are combined.
 
 Kept points that are contiguous in memory (a column sum of a row-major matrix) are read in
 tiles across up to 64 of them (as few as cover them: 32 channels of a channels-last
-activation get tiles 32 wide), with up to 1024 chunks. A whole-tensor reduction (one kept point: ``mse_loss``), and
-a few kept points that are not contiguous (batch norm's per-channel statistics of an NCHW
-tensor: 64 channels of 800 thousand elements each in ResNet's first layer, where one
-program per channel took 3.7 ms on the H200), give each program one kept point and a long
-row of its chunk instead."""
+activation get tiles 32 wide), with up to 1024 chunks. A whole-tensor reduction (one kept
+point: ``mse_loss``), and a few kept points that are not contiguous (batch norm's
+per-channel statistics of an NCHW tensor: 64 channels of 800 thousand elements each in
+ResNet's first layer, where one program per channel took 3.7 ms on the H200), give each
+program one kept point and a long row of its chunk instead."""
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -211,7 +211,8 @@ def generate(kw: Writer, split: int) -> list[KernelSource]:
         if len(k.loops) == 2:
             kw.emit(k.loops[1].nodes, "x", Scope(mask="xmask"))
     second = KernelSource(name, w2.text(), params, types, "pointwise-2d", sympy.Integer(xn), sympy.Integer(split),
-                          [Config(max(1, min(64, COMBINE_TILE // sblock)), sblock, num_warps=4)], False, first.buffers, xmask=True, rmask=True)
+                          [Config(max(1, min(64, COMBINE_TILE // sblock)), sblock, num_warps=4)], False,
+                          first.buffers, xmask=True, rmask=True)
     return [first, second]
 
 
