@@ -15,7 +15,8 @@ from typing import Any, Callable, Sequence
 import sympy
 import torch
 
-from . import capture, collectives, donation, freezing, graph_cache, plugins, progress, selfcheck, templates
+from . import (capture, collectives, donation, freezing, graph_cache, host_programs, plugins, progress, selfcheck,
+               templates)
 from .sdk import versions
 from .sdk.backend import ConvolutionInfo
 from .config import Config
@@ -285,9 +286,14 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         by_device.setdefault(_kernel_device(k, lowered), []).append(k)
     launchers: dict[str, tuple[Any, str]] = {}
     compiled_modules: dict[str, tuple[Any, Any]] = {}
+    device_of = {k.name: device_type for device_type, ks in by_device.items() for k in ks}
+    programs = host_programs.plan(sched.steps, plan, keep, lowered.buffers,
+                                  lambda k: reg.backend_for(device_of[k.name])) \
+        if config.host_programs and not config.profile_kernels else []
     for device_type, ks in by_device.items():
         backend = reg.backend_for(device_type)
-        module = backend.compile(ks, name)
+        offered = [p.program for p in programs if device_of[p.program.launches[0].kernel.name] == device_type]
+        module = backend.compile(ks, name, programs=offered) if offered else backend.compile(ks, name)
         var = f"mod_{device_type}"
         compiled_modules[device_type] = (backend, module)
         for k in ks:
@@ -297,7 +303,8 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     line.stage("wrapper")
     writer = WrapperWriter(lowered, sched.steps, plan, launchers, check_layouts=config.check_extern_layouts,
                            check_inputs=config.check_extern_layouts and kind == "backward",
-                           profile_kernels=config.profile_kernels)
+                           profile_kernels=config.profile_kernels, programs=programs,
+                           modules={f"mod_{d}": m for d, (_, m) in compiled_modules.items()})
     wrapper = writer.write()
     for device_type, (_, module) in compiled_modules.items():
         wrapper.namespace[f"mod_{device_type}"] = module

@@ -14,6 +14,7 @@ import torch
 
 from . import collectives, ir, symbolic
 from .graph import LoweredGraph
+from .host_programs import PlannedProgram
 from .kernel import Kernel
 from .memory import MemoryPlan
 from .sdk.codewriter import CodeWriter
@@ -107,13 +108,16 @@ class Wrapper:
 class WrapperWriter:
     def __init__(self, graph: LoweredGraph, steps: Sequence[object], plan: MemoryPlan,
                  launchers: dict[str, tuple[Any, str]], *, check_layouts: bool = True,
-                 check_inputs: bool = False, profile_kernels: bool = False) -> None:
+                 check_inputs: bool = False, profile_kernels: bool = False,
+                 programs: Sequence[PlannedProgram] = (), modules: dict[str, Any] | None = None) -> None:
         """``launchers``: kernel name -> (device backend, namespace var of its compiled module);
         ``check_layouts``: check the strides of ATen results (``Config.check_extern_layouts``);
         ``check_inputs``: check the strides of the graph's inputs too (backward graphs, whose
         inputs are the forward's outputs and saved values, with no guard from Dynamo);
         ``profile_kernels``: each kernel launch inside a ``torch.profiler`` range named
-        ``coil:<kernel>`` (``Config.profile_kernels``)."""
+        ``coil:<kernel>`` (``Config.profile_kernels``); ``programs``: runs of launches the
+        backends may run as one host function each (:mod:`coil.host_programs`), whose
+        compiled modules ``modules`` holds by namespace var."""
         self.profile_kernels = profile_kernels
         self.check_layouts = check_layouts
         self.check_inputs = check_inputs
@@ -121,6 +125,8 @@ class WrapperWriter:
         self.steps = steps
         self.plan = plan
         self.launchers = launchers
+        self.programs = {p.start: p for p in programs}
+        self.modules = modules or {}
         # math: sizes derived from float ones print as ``math.trunc(...)`` (torch's printer)
         self.ns: dict[str, Any] = {"torch": torch, "math": math, "empty_strided": torch.empty_strided,
                                    "reinterpret": reinterpret, "allocator": allocator}
@@ -176,7 +182,13 @@ class WrapperWriter:
             self._bind_inputs()
             self._prologues()
             self._allocators()
+            skip_to = 0
             for i, step in enumerate(self.steps):
+                if i < skip_to:
+                    continue
+                if i in self.programs and self._program(self.programs[i]):
+                    skip_to = self.programs[i].stop
+                    continue
                 for alloc in self.plan.allocs[i]:
                     self._alloc(alloc)
                 if isinstance(step, Kernel):
@@ -193,6 +205,28 @@ class WrapperWriter:
             outs = [self._output(o) for o in self.graph.outputs]
             self.w.line(f"return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         return Wrapper(self.w.text(), self.ns)
+
+    def _program(self, planned: PlannedProgram) -> bool:
+        """Steps ``planned.start`` to ``planned.stop`` as one call of their host program, with
+        the allocations of the buffers that are not its scratch before it and their frees after
+        it; False where the backend built no such program (the steps then go one by one)."""
+        first = planned.program.launches[0].kernel
+        backend, module_var = self.launchers[first.name]
+        line = backend.host_call_line(module_var, self.modules.get(module_var), planned.program)
+        if line is None:
+            return False
+        steps = range(planned.start, planned.stop)
+        for i in steps:
+            for alloc in self.plan.allocs[i]:
+                if alloc.name not in planned.scratch_names:
+                    self._alloc(alloc)
+        kernels = ", ".join(launch.kernel.name for launch in planned.program.launches)
+        self.w.line(f"{line}  # {kernels}")
+        for i in steps:
+            for name in self.plan.frees[i]:
+                if name not in planned.scratch_names:
+                    self.w.line(f"del {name}")
+        return True
 
     def _bind_inputs(self) -> None:
         names = [inp.name or f"sym{inp.position}" for inp in self.graph.inputs]

@@ -37,6 +37,7 @@ _LAZY = {
     "Template": "coil.sdk.templates", "TemplateConfig": "coil.sdk.templates",
     "GemmProblem": "coil.sdk.templates", "Operand": "coil.sdk.templates",
     "TemplateCall": "coil.sdk.kernel",
+    "HostProgram": "coil.sdk.programs", "Launch": "coil.sdk.programs", "ProgramOperand": "coil.sdk.programs",
 }
 
 

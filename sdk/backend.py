@@ -18,6 +18,7 @@ from . import knobs
 if TYPE_CHECKING:  # annotations only: the IR modules import sympy, which a backend need not load
     from .ir import Expr, Node, ReductionType
     from .kernel import Kernel
+    from .programs import HostProgram
 
 #: How a backend schedules reductions (``Capabilities.reduction_strategies``): the row in
 #: registers, blocks of the row in a loop, or the row split across programs.
@@ -124,6 +125,11 @@ class Capabilities:
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
     #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.
     template_dialects: frozenset[str] = frozenset()
+    #: Whether the backend compiles runs of consecutive launches into host functions of its
+    #: module (:mod:`coil.sdk.programs`): the core then passes such runs to ``compile`` as
+    #: ``programs=`` and asks :meth:`DeviceBackend.host_call_line` for each run's wrapper line
+    #: (SDK 1.12.0). Default False.
+    host_programs: bool = False
     compiler: str = ""
     compiler_version: str = ""
 
@@ -271,8 +277,21 @@ class DeviceBackend(Generic[ModuleT]):
     def compile(self, kernels: Sequence[Kernel], graph_name: str) -> ModuleT:
         """Generate, build and load all the kernels of graph ``graph_name`` on this device.
         The result is bound in the wrapper as ``mod_<device_type>`` and handed back to the
-        other methods; when it has a ``source`` attribute (text), ``COIL_DEBUG_DIR`` dumps it."""
+        other methods; when it has a ``source`` attribute (text), ``COIL_DEBUG_DIR`` dumps it.
+
+        A backend declaring ``Capabilities.host_programs`` is called as ``compile(kernels,
+        graph_name, programs=...)`` when the graph has runs of launches to offer: a sequence
+        of :class:`~coil.sdk.programs.HostProgram` over those kernels, which it may build
+        into the module (SDK 1.12.0)."""
         raise NotImplementedError
+
+    def host_call_line(self, module_var: str, compiled: ModuleT, program: HostProgram) -> str | None:
+        """The wrapper's Python line running ``program`` (passed to :meth:`compile`) from the
+        module bound as ``module_var``: it passes the tensors named by ``program.params``, in
+        that order. None where the module has no such program (the core then writes its
+        launches one by one with :meth:`call_line`). Asked of backends declaring
+        ``Capabilities.host_programs`` only (SDK 1.12.0)."""
+        return None
 
     def call_line(self, module_var: str, kernel: Kernel, args: Sequence[str]) -> str:
         """The wrapper's Python line launching ``kernel`` from the module bound as

@@ -132,6 +132,12 @@ class Config:
     #: profiler tables show every generated kernel's time (ATen calls show by themselves).
     #: About a microsecond per launch while no profiler runs.
     profile_kernels: bool = _knob(False)
+    #: Runs of consecutive kernel launches with static sizes compiled into one host function
+    #: of the device's module, where its backend can (``Capabilities.host_programs``: the C++
+    #: plugin): the wrapper calls the module once per run, and the run's short-lived buffers
+    #: are the host function's memory instead of tensors (:mod:`coil.host_programs`). Off
+    #: with ``profile_kernels``, which times launches one by one.
+    host_programs: bool = _knob(True)
     #: Self-check mode: run every compiled graph beside eager and raise at the first output
     #: that differs.
     check: bool = _knob(False)

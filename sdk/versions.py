@@ -275,6 +275,15 @@ HISTORY: tuple[Release, ...] = (
                "round a Python number added to or subtracted from a float16 or bfloat16 tensor, "
                "and alpha, to the half type first, as eager's CPU kernels do"),
     )),
+    Release("1.12.0", (
+        Change("Host programs (coil.sdk.programs): a backend declaring "
+               "Capabilities.host_programs (default False) is passed runs of at least two "
+               "consecutive launches with static sizes as compile(kernels, graph_name, "
+               "programs=...) and writes each run's wrapper line in "
+               "DeviceBackend.host_call_line(module_var, compiled, program) (default None: "
+               "the launches one by one), so the wrapper crosses into the module once per run "
+               "and the run's short-lived buffers are the host function's scratch memory"),
+    )),
 )
 
 #: The API version this Coil provides.

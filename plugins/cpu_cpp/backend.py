@@ -13,7 +13,7 @@ import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, Renamer, canonical_text, digest_name
 from coil.sdk.ir import Node
 
-from . import autotune, cpp, prepack, streaming, toolchain
+from . import autotune, cpp, prepack, programs, streaming, toolchain
 from .codegen import KernelWriter
 from .optable import integer_division
 
@@ -35,6 +35,8 @@ class CompiledModule:
         """Raise as eager does where the kernel just run divided an integer by zero or used
         an index outside its dim (``coil::kernel_error``, coil_cpu.h)."""
         error = self.lib.coil_take_kernel_error()
+        if error & 4:
+            raise MemoryError("a compiled graph's host program could not allocate its scratch memory")
         if error & 2:
             raise KernelIndexError("index out of bounds: a compiled kernel read or wrote through an "
                                    "index outside its dim (eager raises here too)")
@@ -144,15 +146,17 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
                                              conv_channels_last=True, depthwise_conv=True,
                                              gemm_bias_epilogue=False, float32_scans_in_float64=True,
                                              float32_variance_in_float64=True, half_add_scalars_rounded=True,
-                                             template_dialects=frozenset({"cpp"}),
+                                             template_dialects=frozenset({"cpp"}), host_programs=True,
                                              compiler=os.environ.get("CXX", "g++"))
 
-    def generate(self, kernels: Sequence[sdk.Kernel]
+    def generate(self, kernels: Sequence[sdk.Kernel], host: Sequence[sdk.HostProgram] = ()
                  ) -> tuple[str, list[str], dict[str, str], dict[str, str], dict[str, dict[str, Any]]]:
         """The translation unit, its declarations, each kernel's readable source, each
-        kernel's function in the unit, and the kernels to tune at their first launch (see
-        :class:`CompiledModule`): kernels that differ only in names (a model's repeated
-        layers) share one canonical function (:mod:`coil.sdk.canonical`), compiled once."""
+        kernel's (and each host program's) function in the unit, and the kernels to tune at
+        their first launch (see :class:`CompiledModule`): kernels that differ only in names
+        (a model's repeated layers) share one canonical function (:mod:`coil.sdk.canonical`),
+        compiled once. A program with a kernel to tune is not built (its launches go one by
+        one until the choice is made)."""
         bodies: dict[str, str] = {}
         decls: dict[str, str] = {}
         per_kernel: dict[str, str] = {}
@@ -179,6 +183,13 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
             functions[k.name] = names[variants[0][0].name]
             if key is not None:
                 tuning[k.name] = {"key": key, "buffers": len(k.inputs) + len(k.outputs), "functions": names}
+        for program in host:
+            if any(launch.kernel.name in tuning for launch in program.launches):
+                continue
+            text, decl, name = programs.host_function(program, functions, may_raise)
+            bodies.setdefault(name, text)
+            decls.setdefault(name, decl)
+            functions[program.name] = name
         transposes = any("coil::transpose_tile" in body for body in bodies.values())
         source = "\n".join(['#include "coil_cpu.h"', "#include <algorithm>",
                             *(['#include "coil_transpose.h"'] if transposes else []),
@@ -199,8 +210,9 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
                 out.append((v, text, decl))
         return out
 
-    def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str) -> CompiledModule:
-        source, decls, per_kernel, functions, tuning = self.generate(kernels)
+    def compile(self, kernels: Sequence[sdk.Kernel], graph_name: str,
+                programs: Sequence[sdk.HostProgram] = ()) -> CompiledModule:
+        source, decls, per_kernel, functions, tuning = self.generate(kernels, programs)
         path = toolchain.library_for(source, shlex.split(self.options.extra_cflags),
                                      f"{self.options_key()}|{self.capabilities.cache_key()}")
         return self._load(str(path), decls, functions, per_kernel, source, tuning)
@@ -284,6 +296,9 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
         parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])
         call = f"{module_var}.{kernel.name}({', '.join(parts)})"
         return f"{call}; {module_var}.check_errors()" if may_raise(kernel) else call
+
+    def host_call_line(self, module_var: str, compiled: CompiledModule, program: sdk.HostProgram) -> str | None:
+        return programs.call_line(module_var, program) if program.name in compiled.functions else None
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <omp.h>
 #include <type_traits>
@@ -147,7 +148,8 @@ template <typename T> inline T row_select(bool c, T a, T b) {
 // Integer division by zero: eager raises "ZeroDivisionError"; a kernel returns 0.
 // An index read or written through outside its dim: eager raises IndexError; a kernel uses
 // index 0 instead (never memory outside the buffer) and raises after it.
-constexpr int DIVISION_BY_ZERO = 1, INDEX_OUT_OF_BOUNDS = 2;
+// OUT_OF_MEMORY: a host program (programs.py) could not allocate its scratch memory
+constexpr int DIVISION_BY_ZERO = 1, INDEX_OUT_OF_BOUNDS = 2, OUT_OF_MEMORY = 4;
 inline int kernel_error = 0;
 inline void divided_by_zero() { __atomic_fetch_or(&kernel_error, DIVISION_BY_ZERO, __ATOMIC_RELAXED); }
 inline int64_t index_out_of_bounds() {
