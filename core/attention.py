@@ -258,6 +258,10 @@ def _rewrite(graph: torch.fx.Graph, first: Call, chain: _Chain) -> set[torch.fx.
     """Replace the chain by the call; returns the nodes erased."""
     last = canonical(chain.nodes[-1])
     assert last is not None
+    if chain.scale is not None and not chain.scale > 0:
+        # torch's CPU flash kernel returns NaN rows for a causal mask with such a scale (the
+        # chain as written is finite); scores scaled so are not attention as SDPA's kernels know it
+        raise Refused(f"scores scaled by {chain.scale}, not a positive number")
     k_source, k_perm = _transposed(first["other"])  # type: ignore[misc]
     q, v = first["input"], last["other"]
     dtype = _check_dtypes(chain, [q, k_source, v])

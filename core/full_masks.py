@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 changed: collections.Counter[str] = collections.Counter()
 
 _SDPA = {F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
-_MASK, _CAUSAL = 3, 5  # positions of attn_mask and is_causal in (q, k, v, attn_mask, dropout_p, is_causal)
+#: positions of attn_mask, is_causal and scale in (q, k, v, attn_mask, dropout_p, is_causal, scale)
+_MASK, _CAUSAL, _SCALE = 3, 5, 6
 #: Masks larger than this (elements) are left alone: evaluating one costs compile time.
 _MOST_ELEMENTS = 1 << 26
 
@@ -61,7 +62,7 @@ def simplify_masks(gm: torch.fx.GraphModule) -> int:
         if mask not in verdicts:
             verdicts[mask] = _verdict(mask)
         verdict = verdicts[mask]
-        if verdict is None:
+        if verdict is None or (verdict == "causal" and not _positive_scale(node)):
             continue
         _set(node, _MASK, "attn_mask", None)
         if verdict == "causal":
@@ -74,6 +75,14 @@ def simplify_masks(gm: torch.fx.GraphModule) -> int:
         gm.recompile()
         log.debug("coil: %d constant attention masks replaced", len(dropped))
     return len(dropped)
+
+
+def _positive_scale(call: torch.fx.Node) -> bool:
+    """Whether the call's scale is SDPA's default or a positive number: with a scale <= 0,
+    torch's CPU flash kernel returns NaN rows under ``is_causal`` where the same call with
+    the mask is finite, so such a call keeps its mask."""
+    scale = _argument(call, _SCALE, "scale")
+    return scale is None or (isinstance(scale, (int, float)) and scale > 0)
 
 
 def _argument(node: torch.fx.Node, position: int, name: str) -> Any:

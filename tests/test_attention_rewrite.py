@@ -471,6 +471,13 @@ def _broadcast_k(q, k, v):
     return (q @ k[:1].mT * 0.3).softmax(-1) @ v[:1]
 
 
+def _causal_scaled_by(scale):
+    def fn(q, k, v):
+        causal = torch.tril(torch.ones(q.shape[-2], k.shape[-2])) == 0
+        return (q @ k.mT * scale).masked_fill(causal, float("-inf")).softmax(-1) @ v
+    return fn
+
+
 NEGATIVE = {
     "softmax_dim0": (_softmax_dim0, lambda: _qkv(S, S)),
     "softmax_dim_minus2": (_softmax_dim_minus2, lambda: _qkv(S, S)),
@@ -483,6 +490,9 @@ NEGATIVE = {
     "fill_after_add": (_fill_after_add, lambda: (*_qkv(), _additive_mask(), _keep_mask())),
     "float64_softmax": (_float64_softmax, _qkv),
     "broadcast_k": (_broadcast_k, _qkv),
+    # torch's CPU flash kernel returns NaN rows for these under is_causal (found by a hunt)
+    "causal_negative_scale": (_causal_scaled_by(-0.5), lambda: _qkv(S, S)),
+    "causal_zero_scale": (_causal_scaled_by(0.0), lambda: _qkv(S, S)),
 }
 
 

@@ -180,3 +180,13 @@ def test_a_transformers_decoder_gets_is_causal():
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     layers = model.config.num_hidden_layers
     assert collections.Counter(full_masks.changed) - before == {"causal": layers}
+
+
+@pytest.mark.parametrize("scale", [-0.5, 0.0])
+def test_a_causal_mask_with_a_scale_not_positive_stays(scale):
+    """torch's CPU flash kernel returns NaN rows under ``is_causal`` with such a scale, where
+    the call with its mask is finite (found by a hunt)."""
+    def fn(q, k, v):
+        idx = torch.arange(L)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=idx[None, :] <= idx[:, None], scale=scale)
+    assert _check(fn, _qkv()) == {}
