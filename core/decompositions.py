@@ -152,4 +152,20 @@ def table() -> dict[Any, Callable[..., Any]]:
     for op in PAIRED_WITH_BACKWARD:
         decomps.pop(op, None)
     decomps.update(OWN)
+    for op in (aten.linspace, aten.logspace):
+        for name in op.overloads():
+            overload = getattr(op, name)
+            if overload in decomps:
+                decomps[overload] = functools.partial(_full_precision_only, decomps[overload])
     return decomps
+
+
+def _full_precision_only(decomposition: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``linspace`` and ``logspace`` decomposed in float32 and float64 only: eager's CPU
+    kernel computes a half type's step in that type and wraps a uint8 start, where PyTorch's
+    decomposition does neither (bf16 0.0557 for eager's 0.0625; uint8 253 for 245: found by
+    a hunt); other dtypes stay ATen's call."""
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    if dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    return decomposition(*args, **kwargs)

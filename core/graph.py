@@ -19,7 +19,7 @@ from .ir import Expr, Layout
 from .lowering import LoweringContext, LoweringRegistry, Realized, TensorValue
 from .lowering.context import FallbackRecord, layout_from_meta, same_strides
 from .lowering.pointwise import SUPPORTED_DTYPES
-from .lowering.values import Lazy, cast, to_sympy
+from .lowering.values import Lazy, cast, check_static_sizes, to_sympy
 from .ops import EXACT_OPS
 from .templates import TEMPLATE_OPS, TemplateOffer, offer
 
@@ -291,6 +291,7 @@ class GraphLowering:
         if fn is not None:
             try:
                 result = fn(self.ctx, *args, **kwargs)
+                check_static_sizes(result, self.ctx.out_meta)
                 body = _trial_load(result)
             except (LoweringError, NotImplementedError, TypeError, AssertionError) as exc:
                 del self.ctx.nodes[mark:]

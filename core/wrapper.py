@@ -259,6 +259,11 @@ class WrapperWriter:
                 used |= sympy.sympify(e).free_symbols
         for step in self.steps:
             used |= set(getattr(step, "size_args", ()))
+            if isinstance(step, ir.ExternNode):  # an ATen call's size arguments (``narrow(x, 1, n // 2, 1)``)
+                for a in ir._flatten([*step.args, *step.kwargs.values()]):
+                    e = a.node.expr if isinstance(a, torch.SymInt) else a
+                    if isinstance(e, sympy.Basic):
+                        used |= (e if e.is_Atom else symbolic.from_torch(e)).free_symbols
         for out in self.graph.outputs:
             if out.expr is not None:
                 used |= sympy.sympify(out.expr).free_symbols

@@ -249,3 +249,22 @@ def test_reductions_over_nothing(shape, dims):
               lambda x: x.logsumexp(dims if dims else (0, 1))):
         torch._dynamo.reset()
         check(f, x)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bfloat16, torch.float16, torch.float32, torch.int64])
+@pytest.mark.parametrize("space", ["linspace", "logspace"])
+def test_linspace_and_logspace_as_eager_computes_them(dtype, space):
+    """PyTorch's decompositions of ``linspace`` and ``logspace`` compute a half type's step in
+    float32 and do not wrap a uint8 start as eager's CPU kernel does (found by a hunt); Coil
+    decomposes them in float32 and float64 only."""
+    make = getattr(torch, space)
+    end = 3.0 if space == "logspace" else 120
+
+    def f(x):
+        return make(-7, end, 37, dtype=dtype) + x.to(dtype)
+    z = torch.zeros((), device="cpu")
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="coil")(z)
+    exact = {} if dtype == torch.float32 else {"atol": 0, "rtol": 0}  # float32: within an ulp
+    torch.testing.assert_close(got, f(z), **exact)
+    torch._dynamo.reset()

@@ -78,14 +78,21 @@ def _out_dtype(ctx: LoweringContext) -> torch.dtype:
     raise LoweringError(ctx.origin, "no tensor result")
 
 
-def _rounded(a: Any, dtype: torch.dtype) -> Any:
+def _rounded(a: Any, dtype: torch.dtype, device: torch.device) -> Any:
     """An operand of a comparison in ``dtype``, as eager compares: half types are compared in
     float32 here, so a Python number or a wider tensor is first rounded to the half type
-    (``bf16 == 3.3`` compares with 3.296875, the bf16 nearest 3.3)."""
+    (``bf16 == 3.3`` compares with 3.296875, the bf16 nearest 3.3). A symbolic size (a
+    ``SymInt``, ``x.size(0) + 2102``) is rounded when the kernel runs, by a 0-d value of the
+    half type; a ``SymFloat`` (``x.size(0) / 10``) is read as its number, as a constant
+    operand is (a guard on it), and rounded now (both were used unrounded: found by a hunt)."""
     if dtype not in (torch.float16, torch.bfloat16):
         return a
+    if isinstance(a, torch.SymFloat):
+        a = float(a)
     if isinstance(a, (int, float)) and not isinstance(a, bool):
         return float(torch.tensor(a, dtype=torch.float64).to(dtype))
+    if isinstance(a, torch.SymInt):
+        return lazy(dtype, device, (), lambda idx: cast(const(a, torch.float32), dtype))
     if isinstance(a, TensorValue) and a.dtype != dtype:
         return lazy(dtype, a.device, a.size, lambda idx: cast(a.load(idx), dtype))
     return a
@@ -116,7 +123,7 @@ def scalars_rounded(op: str, args: Sequence[Any]) -> list[Any]:
         return list(args)
     if op in ADD_SUB and not capability(tensors[0].device, "half_add_scalars_rounded", False):
         return list(args)
-    return [_rounded(a, common) for a in args]
+    return [_rounded(a, common, tensors[0].device) for a in args]
 
 
 def _register(ops: Sequence[Any], name: str, kind: str) -> None:
@@ -130,7 +137,8 @@ def _register(ops: Sequence[Any], name: str, kind: str) -> None:
             args = tuple(scalars_rounded(name, args))
         if kind == "compare":
             common = promoted_dtype(args)
-            return pointwise(name, [_rounded(a, common) for a in args], out, operand_dtype=common)
+            device = next(a.device for a in args if isinstance(a, TensorValue))
+            return pointwise(name, [_rounded(a, common, device) for a in args], out, operand_dtype=common)
         if kind == "predicate":
             return pointwise(name, args, out, operand_dtype=args[0].dtype)
         if kind == "logical":

@@ -11,6 +11,7 @@ import sympy
 import torch
 
 from .. import ir, symbolic
+from ..errors import LoweringError
 from ..ir import Expr, Layout, Value
 
 
@@ -149,3 +150,24 @@ def to_dtype(v: TensorValue, dtype: torch.dtype) -> TensorValue:
     if v.dtype == dtype:
         return v
     return lazy(dtype, v.device, v.size, lambda idx: cast(v.load(idx), dtype))
+
+def check_static_sizes(result: Any, meta: Any) -> None:
+    """A lowered value's sizes against the graph's metadata, where the metadata has a number:
+    the same number, or a size 1 spelled symbolically (broadcasting, squeeze and expand
+    decide on a literal 1; Dynamo's guards may have settled a size the lowering only knows
+    as an expression). Otherwise ``LoweringError``: the op runs in ATen, reported."""
+    if isinstance(result, (list, tuple)) and isinstance(meta, (list, tuple)) and len(result) == len(meta):
+        for r, m in zip(result, meta):
+            check_static_sizes(r, m)
+        return
+    if not isinstance(result, TensorValue) or not isinstance(meta, torch.Tensor):
+        return
+    if len(result.size) != meta.dim():
+        raise LoweringError("sizes", f"rank {len(result.size)} against the graph's {meta.dim()}")
+    for d, (got, want) in enumerate(zip(result.size, meta.shape)):
+        if not isinstance(want, int):
+            continue
+        got = sympy.sympify(got)
+        if (got.is_number and int(got) != want) or (not got.is_number and want == 1):
+            raise LoweringError("sizes", f"dim {d} is {got}, the graph's {want}")
+

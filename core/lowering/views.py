@@ -64,12 +64,18 @@ def expand(v: TensorValue, size: Sequence[Any]) -> TensorValue:
     return broadcast_to(v, new_size)
 
 
-def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int) -> TensorValue:
+def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int, length: Expr | None = None) -> TensorValue:
+    """``v[..., start:end:step, ...]`` along ``dim``; ``length``: the slice's length as the
+    graph's metadata has it, where known. Under dynamic shapes Dynamo's guards may settle a
+    length the bounds only spell symbolically: ``x[:, 1:2]`` of ``s`` columns is
+    ``Min(2, s) - Min(1, s)`` here, 1 there (``s >= 2`` guarded); a size 1 must read as 1, or
+    broadcasting and squeeze take the dim for a real one (found by a hunt)."""
     dim = dim % max(v.ndim, 1)
     n = v.size[dim]
     lo, hi = _clamp_bounds(n, start, end)
-    length = sympy.Max(0, FloorDiv(hi - lo + step - 1, step)) if not (hi - lo).is_number \
-        else sympy.Integer(max(0, (int(hi - lo) + step - 1) // step))
+    if length is None:
+        length = sympy.Max(0, FloorDiv(hi - lo + step - 1, step)) if not (hi - lo).is_number \
+            else sympy.Integer(max(0, (int(hi - lo) + step - 1) // step))
     size = list(v.size)
     size[dim] = length
     if isinstance(v, Realized):
@@ -83,7 +89,7 @@ def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int) -> Tens
         src[dim] = lo + idx[dim] * step
         return src
 
-    return _remap(v, size, index_map, lambda b: slice_dim(b, dim, start, end, step))
+    return _remap(v, size, index_map, lambda b: slice_dim(b, dim, start, end, step, length))
 
 
 def _clamp_bounds(n: Expr, start: Any, end: Any) -> tuple[Expr, Expr]:
@@ -299,7 +305,9 @@ def _expand(ctx: LoweringContext, x: TensorValue, size: Sequence[Any], *, implic
 @lowering(aten.slice.Tensor)
 def _slice(ctx: LoweringContext, x: TensorValue, dim: int = 0, start: Any = None, end: Any = None,
            step: int = 1) -> TensorValue:
-    return slice_dim(x, dim, start, end, step)
+    meta = ctx.out_meta
+    length = to_sympy(meta.shape[dim]) if isinstance(meta, torch.Tensor) and meta.dim() == x.ndim else None
+    return slice_dim(x, dim, start, end, step, length)
 
 
 @lowering(aten.select.int)
