@@ -1,6 +1,6 @@
 """Dynamic shapes where Dynamo's guards settle what the lowering only spells symbolically, and
 symbolic scalars (found by a hunt, session 35): Coil against eager, with ``dynamic=True`` and
-on the automatic-dynamic recompile."""
+on the automatic-dynamic recompile, on the default device (``COIL_TEST_DEVICE``)."""
 from __future__ import annotations
 
 import pytest
@@ -9,13 +9,6 @@ import torch
 
 from coil.errors import LoweringError
 from coil.lowering.values import Lazy, check_static_sizes
-from helpers import cpu_tensors
-
-
-@pytest.fixture(autouse=True)
-def _cpu_tensors():
-    with cpu_tensors():
-        yield
 
 
 def _both_ways(fn, *shapes, make=torch.randn):
@@ -109,7 +102,7 @@ def test_a_symbolic_scalar_is_rounded_to_the_half_type_as_a_number_is(name, dtyp
 
     def make(n):
         g = torch.Generator().manual_seed(n)
-        x = torch.randn(n, generator=g, dtype=torch.float32) * 3000
-        x[:3] = torch.tensor([17001.0, 2119.0, 4238.0])
-        return x.to(dtype)
+        x = torch.randn(n, generator=g, dtype=torch.float32, device="cpu") * 3000
+        x[:3] = torch.tensor([17001.0, 2119.0, 4238.0], device="cpu")
+        return x.to(dtype).to(torch.get_default_device())
     _both_ways(fn, (17,), (23,), (31,), make=make)
