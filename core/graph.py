@@ -290,8 +290,7 @@ class GraphLowering:
         mark = len(self.ctx.nodes)
         if fn is not None:
             try:
-                result = fn(self.ctx, *args, **kwargs)
-                check_static_sizes(result, self.ctx.out_meta)
+                result = check_static_sizes(fn(self.ctx, *args, **kwargs), self.ctx.out_meta)
                 body = _trial_load(result)
             except (LoweringError, NotImplementedError, TypeError, AssertionError) as exc:
                 del self.ctx.nodes[mark:]

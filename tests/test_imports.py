@@ -82,6 +82,8 @@ LOCAL_IMPORTS: dict[tuple[str, str], str] = {
         _LAZY_PACKAGE,
     ("coil.sdk", "coil.sdk.kernel"):
         _LAZY_PACKAGE,
+    ("coil.sdk", "coil.sdk.programs"):
+        _LAZY_PACKAGE,
     ("coil.sdk", "coil.sdk.ops"):
         _LAZY_PACKAGE,
     ("coil.sdk", "coil.sdk.backend"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import sympy
 import torch
@@ -151,17 +151,18 @@ def to_dtype(v: TensorValue, dtype: torch.dtype) -> TensorValue:
         return v
     return lazy(dtype, v.device, v.size, lambda idx: cast(v.load(idx), dtype))
 
-def check_static_sizes(result: Any, meta: Any) -> None:
+def check_static_sizes(result: Any, meta: Any) -> Any:
     """A lowered value's sizes against the graph's metadata, where the metadata has a number:
     the same number, or a size 1 spelled symbolically (broadcasting, squeeze and expand
     decide on a literal 1; Dynamo's guards may have settled a size the lowering only knows
-    as an expression). Otherwise ``LoweringError``: the op runs in ATen, reported."""
+    as an expression). Otherwise ``LoweringError``: the op runs in ATen, reported. Returns
+    ``result``."""
     if isinstance(result, (list, tuple)) and isinstance(meta, (list, tuple)) and len(result) == len(meta):
         for r, m in zip(result, meta):
             check_static_sizes(r, m)
-        return
+        return result
     if not isinstance(result, TensorValue) or not isinstance(meta, torch.Tensor):
-        return
+        return result
     if len(result.size) != meta.dim():
         raise LoweringError("sizes", f"rank {len(result.size)} against the graph's {meta.dim()}")
     for d, (got, want) in enumerate(zip(result.size, meta.shape)):
@@ -170,4 +171,5 @@ def check_static_sizes(result: Any, meta: Any) -> None:
         got = sympy.sympify(got)
         if (got.is_number and int(got) != want) or (not got.is_number and want == 1):
             raise LoweringError("sizes", f"dim {d} is {got}, the graph's {want}")
+    return result
 
