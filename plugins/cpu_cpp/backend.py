@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import shlex
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,17 +32,53 @@ class CompiledModule:
     #: kernel name -> {"key", "buffers", "functions": variant -> function in the library}.
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def checked(self, function: Any, *args: Any) -> None:
+        """Launch a kernel that may report an error (:func:`may_raise`) and raise it as eager
+        does. The error flag (``coil::kernel_error``, coil_cpu.h) is one per process: another
+        thread's launch between this kernel and the read of the flag would take this call's
+        error or give it its own (cffi runs the kernels without the GIL; found by a hunt),
+        so the launch and the read hold :data:`ERRORS`."""
+        with ERRORS:
+            function(*args)
+            error = self.lib.coil_take_kernel_error()
+        if error:
+            raise_kernel_error(error)
+
+    def checked_program(self, function: Any, *args: Any) -> None:
+        """Run a host program with such kernels (:mod:`.programs`): it returns the flag it
+        took, under :data:`ERRORS` as :meth:`checked`."""
+        with ERRORS:
+            error = function(*args)
+        if error:
+            raise_kernel_error(error)
+
+    @staticmethod
+    def raise_error(error: int) -> None:
+        raise_kernel_error(error)
+
     def check_errors(self) -> None:
-        """Raise as eager does where the kernel just run divided an integer by zero or used
-        an index outside its dim (``coil::kernel_error``, coil_cpu.h)."""
+        """Raise the error the flag holds, if any (for a caller that serialises launches itself)."""
         error = self.lib.coil_take_kernel_error()
-        if error & 4:
-            raise MemoryError("a compiled graph's host program could not allocate its scratch memory")
-        if error & 2:
-            raise KernelIndexError("index out of bounds: a compiled kernel read or wrote through an "
-                                   "index outside its dim (eager raises here too)")
-        if error & 1:
-            raise RuntimeError("ZeroDivisionError")
+        if error:
+            raise_kernel_error(error)
+
+
+#: Held while a kernel that may set ``coil::kernel_error`` runs and its flag is read: the
+#: flag is process-wide (and GCC may merge the libraries' inline variable into one).
+ERRORS = threading.Lock()
+
+
+def raise_kernel_error(error: int) -> None:
+    """Raise as eager does where a kernel divided an integer by zero or used an index outside
+    its dim, or where a host program found no memory for its scratch (bits of
+    ``coil::kernel_error``, coil_cpu.h)."""
+    if error & 4:
+        raise MemoryError("a compiled graph's host program could not allocate its scratch memory")
+    if error & 2:
+        raise KernelIndexError("index out of bounds: a compiled kernel read or wrote through an "
+                               "index outside its dim (eager raises here too)")
+    if error & 1:
+        raise RuntimeError("ZeroDivisionError")
 
 
 class KernelIndexError(IndexError, RuntimeError):
@@ -69,7 +106,7 @@ def may_raise(kernel: sdk.Kernel) -> bool:
 
 
 #: The form of :meth:`CppBackend.export_module`'s bytes; raise it when they change.
-EXPORT_FORMAT = "cpu_cpp-module-4"
+EXPORT_FORMAT = "cpu_cpp-module-5"
 
 
 # Convolution layout (prefers_channels_last). ATen's CPU convolutions (oneDNN), one thread,
@@ -294,11 +331,14 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
     def call_line(self, module_var: str, kernel: sdk.Kernel, args: Sequence[str]) -> str:
         n_buffers = len(kernel.inputs) + len(kernel.outputs)
         parts = [f"{a}.data_ptr()" for a in args[:n_buffers]] + list(args[n_buffers:])
-        call = f"{module_var}.{kernel.name}({', '.join(parts)})"
-        return f"{call}; {module_var}.check_errors()" if may_raise(kernel) else call
+        if may_raise(kernel):
+            return f"{module_var}.checked({', '.join([f'{module_var}.{kernel.name}', *parts])})"
+        return f"{module_var}.{kernel.name}({', '.join(parts)})"
 
     def host_call_line(self, module_var: str, compiled: CompiledModule, program: sdk.HostProgram) -> str | None:
-        return programs.call_line(module_var, program) if program.name in compiled.functions else None
+        if program.name not in compiled.functions:
+            return None
+        return programs.call_line(module_var, program, any(may_raise(launch.kernel) for launch in program.launches))
 
     def kernel_source(self, compiled: CompiledModule, kernel: sdk.Kernel) -> str:
         return compiled.sources.get(kernel.name, "")

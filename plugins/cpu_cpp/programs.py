@@ -1,15 +1,20 @@
 """Host programs (:mod:`coil.sdk.programs`) as C++: one ``extern "C"`` function per program,
 in the graph's translation unit after its kernels, that takes the addresses of the
 program's parameters, allocates its scratch memory once for the call, calls the kernels'
-functions in order and stops at the first kernel that reports an error. It returns
-``coil::kernel_error``: non-zero, the wrapper's ``check_errors`` raises it, as after a lone
-launch (one call across in the usual case)."""
+functions in order and stops at the first kernel that reports an error. It returns an error
+code: ``coil::OUT_OF_MEMORY`` where its scratch could not be allocated, else, in a program
+with kernels that may report errors, the error flag it takes (and clears). The wrapper
+runs such programs through ``CompiledModule.checked_program``, which holds the error flag's
+lock, and the others directly, raising only when the code is not 0."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
 
 import coil.sdk as sdk
 from coil.sdk.canonical import PLACEHOLDER, digest_name
+
+#: ``coil::OUT_OF_MEMORY`` (coil_cpu.h): the only code a program without such kernels returns.
+OUT_OF_MEMORY = 4
 
 def host_function(program: sdk.HostProgram, functions: dict[str, str],
                   may_raise: Callable[[sdk.Kernel], bool]) -> tuple[str, str, str]:
@@ -22,9 +27,9 @@ def host_function(program: sdk.HostProgram, functions: dict[str, str],
     if total:
         lines += [f"  char* scratch = static_cast<char*>(std::aligned_alloc(64, {total}));",
                   "  if (scratch == nullptr) {",
-                  "    __atomic_fetch_or(&coil::kernel_error, coil::OUT_OF_MEMORY, __ATOMIC_RELAXED);",
                   "    return coil::OUT_OF_MEMORY;",
                   "  }"]
+    raises = any(may_raise(launch.kernel) for launch in program.launches)
     lines.append("  do {")
     for launch in program.launches:
         args = [f"reinterpret_cast<int64_t>(scratch + {offsets[op.index]})" if op.scratch else f"p{op.index}"
@@ -35,7 +40,8 @@ def host_function(program: sdk.HostProgram, functions: dict[str, str],
     lines.append("  } while (false);")
     if total:
         lines.append("  std::free(scratch);")
-    lines += ["  return __atomic_load_n(&coil::kernel_error, __ATOMIC_RELAXED);", "}"]
+    lines += ["  return __atomic_exchange_n(&coil::kernel_error, 0, __ATOMIC_RELAXED);" if raises else "  return 0;",
+              "}"]
     text = "\n".join(lines)
     name = digest_name("h_", text)
     decl = f"int {name}({', '.join(params)});"
@@ -50,8 +56,10 @@ def _offsets(sizes: Sequence[int]) -> list[int]:
     return out
 
 
-def call_line(module_var: str, program: sdk.HostProgram) -> str:
-    """The wrapper's line: the program's function with its parameters' addresses, then the
-    module's error check where it reports one."""
-    call = f"{module_var}.{program.name}({', '.join(f'{p}.data_ptr()' for p in program.params)})"
-    return f"if {call}: {module_var}.check_errors()"
+def call_line(module_var: str, program: sdk.HostProgram, raises: bool) -> str:
+    """The wrapper's line: the program's function with its parameters' addresses; through the
+    module's ``checked_program`` where a kernel of it may report an error (``raises``)."""
+    args = [f"{p}.data_ptr()" for p in program.params]
+    if raises:
+        return f"{module_var}.checked_program({', '.join([f'{module_var}.{program.name}', *args])})"
+    return f"if {module_var}.{program.name}({', '.join(args)}): {module_var}.raise_error({OUT_OF_MEMORY})"
