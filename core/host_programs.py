@@ -138,18 +138,13 @@ def _program(name: str, steps: Sequence[object], memory: MemoryPlan, start: int,
         sizes.append(padded)
         used += padded
     scratch = {n: regions[root(n)] for n in allocated if root(n) in regions}
-    params: list[str] = []
+    params: dict[str, int] = {}  # name -> parameter index, in order of first use
     launches = []
     for step in steps[start:stop]:
         assert isinstance(step, Kernel)
-        operands = []
-        for arg in [*step.inputs, *step.outputs]:
-            if arg in scratch:
-                operands.append(ProgramOperand(scratch[arg], scratch=True))
-            else:
-                if arg not in params:
-                    params.append(arg)
-                operands.append(ProgramOperand(params.index(arg)))
+        operands = [ProgramOperand(scratch[arg], scratch=True) if arg in scratch
+                    else ProgramOperand(params.setdefault(arg, len(params)))
+                    for arg in [*step.inputs, *step.outputs]]
         launches.append(Launch(step, tuple(operands)))
     return PlannedProgram(HostProgram(name, tuple(launches), tuple(params), tuple(sizes)),
                           start, stop, frozenset(scratch))

@@ -150,3 +150,25 @@ def dynamo_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModu
     torch._dynamo.reset()
     torch.compile(fn, backend=grab)(*args)
     return seen[0]
+
+
+def clone_args(args: Any) -> list[Any]:
+    """Fresh copies of a call's tensor arguments (detached, keeping ``requires_grad``), so
+    that eager's and Coil's runs mutate and differentiate their own."""
+    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
+            for a in args]
+
+
+def flat_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested) result, in order."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in flat_tensors(v)]
+    return []
+
+
+def wrapper_source(report: Any) -> str:
+    """The wrapper source of every graph a ``coil.explain`` report holds."""
+    return "\n".join(g.wrapper_source for g in report.graphs)
+

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import coil
 from coil import config, host_programs
-from helpers import cpu_tensors, torch_threads
+from helpers import clone_args, cpu_tensors, flat_tensors, torch_threads, wrapper_source
 
 
 @pytest.fixture(autouse=True)
@@ -23,34 +23,17 @@ def _cpu_tensors():
         yield
 
 
-def _clone(args):
-    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-            for a in args]
-
-
-def _flat(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flat(v)]
-    return []
-
-
-def _wrapper(report) -> str:
-    return "\n".join(g.wrapper_source for g in report.graphs)
-
-
 def check(fn, *args, atol: float = 1e-5, rtol: float = 1e-5):
     """``fn`` through Coil with programs and without, against eager and each other; the
     report of the run with programs."""
-    expected = fn(*_clone(args))
-    report = coil.explain(fn, *_clone(args))
+    expected = fn(*clone_args(args))
+    report = coil.explain(fn, *clone_args(args))
     torch.testing.assert_close(report.result, expected, atol=atol, rtol=rtol, equal_nan=True)
     torch._dynamo.reset()
     with config.override(host_programs=False):
-        plain = coil.explain(fn, *_clone(args))
-    assert "host_run" not in _wrapper(plain)
-    for got, want in zip(_flat(report.result), _flat(plain.result)):
+        plain = coil.explain(fn, *clone_args(args))
+    assert "host_run" not in wrapper_source(plain)
+    for got, want in zip(flat_tensors(report.result), flat_tensors(plain.result)):
         assert torch.equal(got, want), "a host program changed a result"
     torch._dynamo.reset()
     return report
@@ -68,7 +51,7 @@ def block(x):
 
 def test_a_run_of_kernels_is_one_call_with_its_intermediates_inside():
     report = check(block, torch.randn(8, 64))
-    source = _wrapper(report)
+    source = wrapper_source(report)
     lines = _launch_lines(source)
     assert len(lines) == 1 and "host_run0(" in lines[0], source
     # two kernels: the row statistics between them are scratch, the outputs are tensors
@@ -79,7 +62,7 @@ def test_a_run_of_kernels_is_one_call_with_its_intermediates_inside():
 def test_without_the_knob_each_kernel_is_a_call():
     with config.override(host_programs=False):
         report = coil.explain(block, torch.randn(8, 64))
-    assert len(_launch_lines(_wrapper(report))) == 2
+    assert len(_launch_lines(wrapper_source(report))) == 2
 
 
 def test_a_long_chain_of_reductions_shares_scratch_the_plan_reuses():
@@ -91,15 +74,15 @@ def test_a_long_chain_of_reductions_shares_scratch_the_plan_reuses():
         e = (d * d).mean(-1, keepdim=True)
         return (d - e).sum(), e
     report = check(chain, torch.randn(16, 33))
-    lines = _launch_lines(_wrapper(report))
-    assert len(lines) == 1, _wrapper(report)
+    lines = _launch_lines(wrapper_source(report))
+    assert len(lines) == 1, wrapper_source(report)
 
 
 def test_buffers_past_the_scratch_budget_stay_tensors():
     x = torch.randn(256, 512)  # 512 KiB intermediates, past host_programs.SCRATCH_BYTES
     assert x.numel() * 4 > host_programs.SCRATCH_BYTES
     report = check(lambda x: x.exp().cumsum(-1).softmax(0).sum(-1), x)
-    source = _wrapper(report)
+    source = wrapper_source(report)
     assert "host_run0(" in source
     assert len(re.findall(r"= new_\d\(", source)) >= 2, source
 
@@ -171,7 +154,7 @@ def test_training_through_programs(threads):
             got_loss.backward()
     got = [got_loss.detach(), x.grad, w.grad, norm.weight.grad]
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-    assert any("host_run" in g.wrapper_source for g in report.graphs), _wrapper(report)
+    assert any("host_run" in g.wrapper_source for g in report.graphs), wrapper_source(report)
     torch._dynamo.reset()
 
 
@@ -238,4 +221,4 @@ def test_a_run_that_frees_large_tensors_midway_goes_launch_by_launch():
         return s.exp().cumsum(0) * 2       # a third kernel after y is freed
     x = torch.randn(512, 512)
     report = check(f, x)
-    assert "host_run" not in _wrapper(report), _wrapper(report)
+    assert "host_run" not in wrapper_source(report), wrapper_source(report)

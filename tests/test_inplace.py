@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import coil
 from coil import config, plugins
 from coil.inplace import dense
-from helpers import cpu_tensors
+from helpers import clone_args, cpu_tensors, flat_tensors, wrapper_source
 
 BACKENDS = ["cpu_cpp", "triton"]
 
@@ -49,25 +49,20 @@ def backend(request):
     plugins.reset()
 
 
-def _clone(args):
-    return [a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a
-            for a in args]
-
-
 def check(fn, *args, inplace: int | None = None, atol: float = 1e-5, rtol: float = 1e-5):
     """Run ``fn`` eagerly, through Coil, and through Coil without in-place buffers; compare,
     and check the number of buffers that went in place (``inplace``: exactly, when given)."""
-    expected = fn(*_clone(args))
-    report = coil.explain(fn, *_clone(args))
+    expected = fn(*clone_args(args))
+    report = coil.explain(fn, *clone_args(args))
     torch.testing.assert_close(report.result, expected, atol=atol, rtol=rtol, equal_nan=True)
     torch._dynamo.reset()
     with config.override(inplace_buffers=False):
-        plain = coil.explain(fn, *_clone(args))
+        plain = coil.explain(fn, *clone_args(args))
     assert plain.inplace == 0
     # writing over a dying input changes where values live, never what they are: bit for bit
     # where kernels are not tuned at run time (on a GPU each source tunes on its own, and a
     # kernel that writes in place may pick another configuration, so another rounding)
-    for got, want in zip(_flat(report.result), _flat(plain.result)):
+    for got, want in zip(flat_tensors(report.result), flat_tensors(plain.result)):
         if got.device.type == "cpu":
             assert torch.equal(got, want), "in-place buffers changed a result"
         else:
@@ -77,25 +72,13 @@ def check(fn, *args, inplace: int | None = None, atol: float = 1e-5, rtol: float
     return report
 
 
-def _flat(value):
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _flat(v)]
-    return []
-
-
-def _wrapper(report) -> str:
-    return "\n".join(g.wrapper_source for g in report.graphs)
-
-
 # ----------------------------------------------------------------------------- where it applies
 
 
 def test_pointwise_chain_over_a_matmul_result(backend):
     a, b = torch.randn(32, 48), torch.randn(48, 64)
     report = check(lambda a, b: torch.sigmoid(a @ b) * 3 - 1, a, b, inplace=1)
-    assert "# in place over" in _wrapper(report)
+    assert "# in place over" in wrapper_source(report)
     assert "in place" in str(report)
 
 
@@ -236,7 +219,7 @@ def test_knob_off_means_no_buffer_in_place(backend):
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     with config.override(inplace_buffers=False):
         report = coil.explain(lambda a, b: torch.relu(a @ b), a, b)
-    assert report.inplace == 0 and "in place over" not in _wrapper(report)
+    assert report.inplace == 0 and "in place over" not in wrapper_source(report)
 
 
 def test_a_value_a_library_call_and_the_graph_both_take_is_written_once(backend):
@@ -265,7 +248,7 @@ def test_plugin_older_than_the_aliasing_sdk_gets_no_pair(backend):
         report = coil.explain(lambda a, b: torch.relu(a @ b), a, b)
     finally:
         info.api_version = declared
-    assert report.inplace == 0 and "in place over" not in _wrapper(report)
+    assert report.inplace == 0 and "in place over" not in wrapper_source(report)
     assert coil.explain(lambda a, b: torch.relu(a @ b), a, b).inplace == 1
 
 

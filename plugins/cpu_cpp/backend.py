@@ -54,13 +54,9 @@ class CompiledModule:
 
     @staticmethod
     def raise_error(error: int) -> None:
+        """Raise the error a host program's code says (the wrapper's line for a program
+        without such kernels)."""
         raise_kernel_error(error)
-
-    def check_errors(self) -> None:
-        """Raise the error the flag holds, if any (for a caller that serialises launches itself)."""
-        error = self.lib.coil_take_kernel_error()
-        if error:
-            raise_kernel_error(error)
 
 
 #: Held while a kernel that may set ``coil::kernel_error`` runs and its flag is read: the
