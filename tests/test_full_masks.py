@@ -15,11 +15,19 @@ from coil import full_masks
 from models import imports, zoo
 
 B, H, L, S, E = 2, 3, 6, 6, 8
+# masks are built on the queries' device, as models build them (Dynamo 2.11 puts a factory of a
+# CUDA default device on the CPU when no input is there)
+
+
+def _randn(g: torch.Generator, *shape: int) -> torch.Tensor:
+    """Drawn from a CPU generator, on the default device (the same numbers under
+    ``COIL_TEST_DEVICE=cuda``), as a leaf that wants its gradient."""
+    return torch.randn(*shape, generator=g, device="cpu").to(torch.get_default_device()).requires_grad_()
 
 
 def _qkv(batch: int = B):
     g = torch.Generator().manual_seed(0)
-    return [torch.randn(batch, H, n, E, generator=g).requires_grad_() for n in (L, S, S)]
+    return [_randn(g, batch, H, n, E) for n in (L, S, S)]
 
 
 def _sdpa(q, k, v, mask):
@@ -28,22 +36,22 @@ def _sdpa(q, k, v, mask):
 
 def transformers_bidirectional(q, k, v):
     """transformers 5.17's ``sdpa_mask`` for a bidirectional encoder, as Dynamo sees it."""
-    q_idx = (torch.arange(L) + 0)[None, None, :, None]
+    q_idx = (torch.arange(L, device=q.device) + 0)[None, None, :, None]
     return _sdpa(q, k, v, (q_idx >= 0).expand(q.shape[0], -1, L, S))
 
 
 def kv_below_length(q, k, v):
-    return _sdpa(q, k, v, torch.arange(S)[None, None, None, :] < S)
+    return _sdpa(q, k, v, torch.arange(S, device=q.device)[None, None, None, :] < S)
 
 
 def both_and_ones(q, k, v):
-    rows = torch.arange(2, L + 2).view(1, 1, L, 1) - 2 >= 0
-    cols = torch.ones(1, 1, 1, S, dtype=torch.bool)
+    rows = torch.arange(2, L + 2, device=q.device).view(1, 1, L, 1) - 2 >= 0
+    cols = torch.ones(1, 1, 1, S, dtype=torch.bool, device=q.device)
     return _sdpa(q, k, v, (rows & cols).expand(q.shape[0], H, L, S))
 
 
 def positional(q, k, v):
-    full = torch.full((L, S), True)
+    full = torch.full((L, S), True, device=q.device)
     return F.scaled_dot_product_attention(q, k, v, full, 0.0)
 
 
@@ -51,26 +59,26 @@ KEPT_EVERYWHERE = {f.__name__: f for f in (transformers_bidirectional, kv_below_
 
 
 def from_one(q, k, v):
-    return _sdpa(q, k, v, (torch.arange(L) >= 1)[None, None, :, None].expand(q.shape[0], -1, L, S))
+    return _sdpa(q, k, v, (torch.arange(L, device=q.device) >= 1)[None, None, :, None].expand(q.shape[0], -1, L, S))
 
 
 def shifted_below_zero(q, k, v):
-    return _sdpa(q, k, v, (torch.arange(L) - 1)[None, None, :, None] >= 0)
+    return _sdpa(q, k, v, (torch.arange(L, device=q.device) - 1)[None, None, :, None] >= 0)
 
 
 def last_key_masked(q, k, v):
-    return _sdpa(q, k, v, torch.arange(S)[None, None, None, :] < S - 1)
+    return _sdpa(q, k, v, torch.arange(S, device=q.device)[None, None, None, :] < S - 1)
 
 
 def causal_but_one_batch(q, k, v):
-    idx = torch.arange(L)
+    idx = torch.arange(L, device=q.device)
     mask = (idx[None, :] <= idx[:, None]).expand(q.shape[0], 1, L, S).clone()
     mask[0, 0, 3, 1] = False  # an effect (setitem): the pass must not evaluate this
     return _sdpa(q, k, v, mask)
 
 
 def strict_triangle(q, k, v):
-    idx = torch.arange(L)
+    idx = torch.arange(L, device=q.device)
     return _sdpa(q, k, v, (idx[None, :] < idx[:, None]) | (idx[None, :] == 0))
 
 
@@ -79,12 +87,12 @@ MASKING = {f.__name__: f for f in (from_one, shifted_below_zero, last_key_masked
 
 
 def causal_from_aranges(q, k, v):
-    idx = torch.arange(L)
+    idx = torch.arange(L, device=q.device)
     return _sdpa(q, k, v, idx[None, :] <= idx[:, None])
 
 
 def causal_from_tril(q, k, v):
-    return _sdpa(q, k, v, torch.ones(L, S, dtype=torch.bool).tril().expand(q.shape[0], H, L, S))
+    return _sdpa(q, k, v, torch.ones(L, S, dtype=torch.bool, device=q.device).tril().expand(q.shape[0], H, L, S))
 
 
 CAUSAL = {f.__name__: f for f in (causal_from_aranges, causal_from_tril)}
@@ -127,7 +135,7 @@ def test_any_other_mask_stays(name):
 def test_query_key_and_value_by_keyword():
     def fn(q, k, v):
         return F.scaled_dot_product_attention(query=q, key=k, value=v,
-                                              attn_mask=torch.ones(L, S, dtype=torch.bool))
+                                              attn_mask=torch.ones(L, S, dtype=torch.bool, device=q.device))
     assert _check(fn, _qkv()) == {}
 
 
@@ -139,19 +147,19 @@ def test_a_mask_read_from_an_input_stays():
 
 def test_a_causal_mask_with_more_keys_than_queries_stays():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, H, n, E, generator=g).requires_grad_() for n in (L, L + 2, L + 2))
+    q, k, v = (_randn(g, B, H, n, E) for n in (L, L + 2, L + 2))
 
     def fn(q, k, v):
-        return _sdpa(q, k, v, torch.ones(L, L + 2, dtype=torch.bool).tril())
+        return _sdpa(q, k, v, torch.ones(L, L + 2, dtype=torch.bool, device=q.device).tril())
     assert _check(fn, [q, k, v]) == {}
 
 
 def test_grouped_query_attention():
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(B, h, L, E, generator=g).requires_grad_() for h in (4, 2, 2))
+    q, k, v = (_randn(g, B, h, L, E) for h in (4, 2, 2))
 
     def fn(q, k, v):
-        idx = torch.arange(L)
+        idx = torch.arange(L, device=q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=idx[None, :] <= idx[:, None], enable_gqa=True)
     assert _check(fn, [q, k, v]) == {"causal": 1}
 
@@ -187,6 +195,6 @@ def test_a_causal_mask_with_a_scale_not_positive_stays(scale):
     """torch's CPU flash kernel returns NaN rows under ``is_causal`` with such a scale, where
     the call with its mask is finite (found by a hunt)."""
     def fn(q, k, v):
-        idx = torch.arange(L)
+        idx = torch.arange(L, device=q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=idx[None, :] <= idx[:, None], scale=scale)
     assert _check(fn, _qkv()) == {}
