@@ -63,7 +63,9 @@ def from_one(q, k, v):
 
 
 def shifted_below_zero(q, k, v):
-    return _sdpa(q, k, v, (torch.arange(L, device=q.device) - 1)[None, None, :, None] >= 0)
+    # a full [L, S] mask: eager's CUDA kernels refuse one whose last dim is broadcast
+    rows = (torch.arange(L, device=q.device) - 1)[None, None, :, None] >= 0
+    return _sdpa(q, k, v, rows & torch.ones(1, 1, 1, S, dtype=torch.bool, device=q.device))
 
 
 def last_key_masked(q, k, v):
