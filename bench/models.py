@@ -42,7 +42,12 @@ before. The eager figures are the first worker's. Per backend:
   smallest over the outputs; in ``train`` over the loss and every parameter gradient of the
   first step), plus the verdict of ``tests/models/check.py``'s tolerances (float32:
   max abs diff <= 1e-5 + 1e-3 * max|eager| and cosine >= 0.999; bf16 autocast: 1e-2 +
-  5e-2 * max|eager| and cosine >= 0.99); ``wrong`` counts the tensors outside them.
+  5e-2 * max|eager| and cosine >= 0.99); ``wrong`` counts the tensors outside them. In the
+  bf16 modes the worker first runs the same call eagerly in float32 and judges each wrong
+  tensor against it (``check.against_float32``): ``worse`` counts those whose relative error
+  is more than twice eager bf16's (or 1e-3), ``noise`` those where eager bf16 is itself more
+  than 25% off float32 (nothing can be said); the rest are no further from float32 than
+  eager's own bf16 rounding.
 
 Sizes: ``real`` is images 64x3x224x224 and text 16x512 at published widths (see
 ``tests/models/zoo.py``); ``small`` is the CI shape (a smoke test of this script).  Float32
@@ -155,20 +160,31 @@ def make_step(built: zoo.Built, mode: str, backend: str, device: torch.device
 
 
 def accuracy(actual: list[tuple[str, torch.Tensor]], expected: list[tuple[str, torch.Tensor]],
-             tol: check.Tolerance) -> dict[str, Any]:
-    """Smallest cosine, wrong-tensor count and the first wrong names, against eager."""
+             tol: check.Tolerance, truth: list[tuple[str, torch.Tensor]] | None = None) -> dict[str, Any]:
+    """Smallest cosine, wrong-tensor count and the first wrong names, against eager; with
+    ``truth`` (the step in float32, for bf16 modes) also ``worse``: the wrong tensors that are
+    not as accurate against float32 as eager's (``check.as_accurate_as_eager``)."""
     got = dict(actual)
     diffs = [check.compare(name, got.get(name), ref, tol) for name, ref in expected]
     cosines = [d.cosine for d in diffs if not math.isnan(d.cosine)]
     wrong = [d for d in diffs if not d.ok]
-    return {"min_cos": min(cosines, default=None), "wrong": len(wrong), "compared": len(diffs),
-            "first_wrong": [d.describe() for d in wrong[:5]]}
+    out = {"min_cos": min(cosines, default=None), "wrong": len(wrong), "compared": len(diffs),
+           "first_wrong": [d.describe() for d in wrong[:5]]}
+    if truth is not None:
+        eager, true = dict(expected), dict(truth)
+        verdicts = {d.name: check.against_float32(got[d.name], eager[d.name], true[d.name])
+                    if isinstance(got.get(d.name), torch.Tensor) and d.name in true else "worse" for d in wrong}
+        worse = [d for d in wrong if verdicts[d.name] == "worse"]
+        out.update({"worse": len(worse), "noise": sum(v == "noise" for v in verdicts.values()),
+                    "first_worse": [d.describe() for d in worse[:5]]})
+    return out
 
 
 def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device, clock: Clock,
-                reference: list[tuple[str, torch.Tensor]] | None, iters: int, accuracy_only: bool
+                reference: list[tuple[str, torch.Tensor]] | None, iters: int, accuracy_only: bool,
+                truth: list[tuple[str, torch.Tensor]] | None = None
                 ) -> tuple[dict[str, Any], list[tuple[str, torch.Tensor]]]:
-    """First call (compile), accuracy against ``reference``, then timing."""
+    """First call (compile), accuracy against ``reference`` (and ``truth``), then timing."""
     step, model = make_step(built, mode, backend, device)
     with _grad_context(mode), _coil_stages(backend) as stages:
         clock.sync()
@@ -185,7 +201,7 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
         first = [(n, t.detach().clone()) for n, t in first]
         if reference is not None:
             tol = check.BF16_AUTOCAST if mode.endswith("-bf16") else check.FP32
-            record.update(accuracy(first, reference, tol))
+            record.update(accuracy(first, reference, tol, truth))
         if not accuracy_only:
             with _timing_lock():
                 for _ in range(2):
@@ -274,13 +290,19 @@ def worker(args: argparse.Namespace) -> int:
     params = sum(p.numel() for p in built.model.parameters())
     emit({"kind": "info", "params": params, "torch": torch.__version__})
     reference = None
+    truth = None
+    if args.mode.endswith("-bf16"):  # the same first call in float32, eager: what bf16 rounds
+        torch._dynamo.reset()
+        _, truth = run_backend(built, args.mode.removesuffix("-bf16"), EAGER, device, clock, None, 0, True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     backends = [EAGER] + [b for b in args.backends.split(",") if b != EAGER]
     for backend in backends:
         emit({"kind": "start", "backend": backend})
         torch._dynamo.reset()
         try:
             record, outputs = run_backend(built, args.mode, backend, device, clock, reference,
-                                          args.iters, args.accuracy_only)
+                                          args.iters, args.accuracy_only, truth)
         except Exception as exc:  # noqa: BLE001 - a backend's failure is its result
             record, outputs = {"error": common.log_failure(f"{args.model} {args.mode} {backend}", exc)}, None
             if backend == EAGER:
@@ -361,7 +383,12 @@ def table(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> list[st
             if "error" in r:
                 notes.append(f"{b}: {r['error']}")
             elif r.get("wrong"):
-                notes.append(f"{b}: {r['wrong']}/{r['compared']} wrong, first {r['first_wrong'][0]}")
+                note = f"{b}: {r['wrong']}/{r['compared']} wrong, first {r['first_wrong'][0]}"
+                if "worse" in r:
+                    note += (f"; against float32: {r['wrong'] - r['worse'] - r['noise']} as accurate as eager, "
+                             f"{r['noise']} bf16 noise in eager too, {r['worse']} worse"
+                             + (f" (first {r['first_worse'][0]})" if r["worse"] else ""))
+                notes.append(note)
         rows.append([rec["model"], rec["mode"],
                      *(common.fmt(res.get(b, {}).get("median_ms"), "{:.2f}") for b in backends),
                      *(common.fmt(res.get(b, {}).get("compile_s"), "{:.1f}") for b in compiled),

@@ -10,6 +10,7 @@ whose library is not installed is skipped.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from models import check, imports, zoo
 
@@ -44,3 +45,18 @@ def test_training(name: str) -> None:
     result = check.check_training(built.model, built.args, {**built.kwargs, **built.train_kwargs},
                                   built.loss_fn, backend="coil", steps=3)
     assert result.ok, f"{name}: {result.message()}"
+
+
+def test_the_float32_judgement_of_a_bf16_tensor() -> None:
+    """``check.against_float32``: a compiled bf16 tensor outside the tolerance against eager's
+    is as accurate when it is about as close to the float32 run, worse when it is not, and
+    noise when eager's own bf16 rounding is far from float32."""
+    g = torch.Generator().manual_seed(0)
+    truth = torch.randn(1000, generator=g)
+    eager = truth + 0.01 * torch.randn(1000, generator=g)
+    assert check.against_float32(truth + 0.015 * torch.randn(1000, generator=g), eager, truth) == "as accurate"
+    assert check.against_float32(truth + 0.05 * torch.randn(1000, generator=g), eager, truth) == "worse"
+    assert check.against_float32(torch.zeros(1000), eager, truth) == "worse"
+    noisy = truth + torch.randn(1000, generator=g)
+    assert check.against_float32(-truth, noisy, truth) == "noise"
+    assert check.against_float32(truth[:10], eager, truth) == "worse"

@@ -144,6 +144,48 @@ def compare(name: str, actual: Any, expected: Any, tol: Tolerance = FP32) -> Ten
     return TensorDiff(name, ok, max_diff, max_ref, cosine)
 
 
+#: :func:`against_float32`: a compiled tensor may be this many times as far from the float32
+#: run as eager's (PyTorch's own benchmark harness judges reduced precision against a
+#: higher-precision run the same way, with factors of 2-3) ...
+ACCURACY_FACTOR = 2.0
+#: ... or this far (relative), where eager happens to be closer than that.
+ACCURACY_FLOOR = 1e-3
+#: Where eager's own relative error against float32 is above this, the tensor is rounding
+#: noise in reduced precision (a batch of 2 through batch norm, a gradient that cancels) and
+#: says nothing about the compiler.
+NOISE_LIMIT = 0.25
+
+
+def relative_error(actual: torch.Tensor, truth: torch.Tensor) -> float:
+    """``|actual - truth| / |truth|`` in the L2 norm, over the elements finite in both; inf
+    where the shapes differ, 0 for an empty or zero ``truth`` that ``actual`` equals."""
+    if actual.shape != truth.shape:
+        return math.inf
+    a, t = actual.detach().double(), truth.detach().to(actual.device).double()
+    finite = torch.isfinite(a) & torch.isfinite(t)
+    diff, norm = (a[finite] - t[finite]).norm().item(), t[finite].norm().item()
+    if norm == 0:
+        return 0.0 if diff == 0 else math.inf
+    return diff / norm
+
+
+def against_float32(actual: torch.Tensor, eager: torch.Tensor, truth: torch.Tensor
+                    ) -> Literal["as accurate", "worse", "noise"]:
+    """A reduced-precision compiled tensor outside the tolerance against eager's, judged by
+    ``truth`` (the same computation in float32): ``"as accurate"`` when its relative error
+    is at most :data:`ACCURACY_FACTOR` times eager's (or :data:`ACCURACY_FLOOR`), ``"worse"``
+    when not, ``"noise"`` when eager's own error is above :data:`NOISE_LIMIT`. Under bf16
+    autocast two runs of one step can each be a fair rounding of the float32 step and differ
+    from each other by more than the tolerance (batch norm's statistics over bf16 convolution
+    outputs)."""
+    if actual.shape != eager.shape or actual.dtype != eager.dtype:
+        return "worse"
+    theirs = relative_error(eager, truth)
+    if theirs > NOISE_LIMIT:
+        return "noise"
+    return "as accurate" if relative_error(actual, truth) <= max(ACCURACY_FACTOR * theirs, ACCURACY_FLOOR) else "worse"
+
+
 def flatten_output(output: Any, prefix: str = "output") -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` for every tensor in a model's output (tensors, tuples, lists, dicts,
     transformers' ``ModelOutput``)."""
