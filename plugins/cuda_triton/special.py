@@ -119,8 +119,9 @@ class _ScanWriter(_SpecialWriter):
                 else:
                     w.line("s = tl.cumprod(v, 1) * carry")
                     w.line("carry = carry * tl.reduce(v, 1, mul_combine)[:, None]")
-                # a scan of one row has a store index without x: broadcast it to the mask's shape
-                ptr = f'tl.broadcast_to({self.pointer(node.name, node.store_index, "[XBLOCK, RBLOCK]")}, [XBLOCK, RBLOCK])'
+                # a scan of one row has a store index without x: widened to the mask's shape by
+                # adding zeros (Triton's interpreter cannot store through a broadcast view)
+                ptr = f'{self.pointer(node.name, node.store_index, "[XBLOCK, RBLOCK]")} + tl.zeros([XBLOCK, RBLOCK], tl.int32)'
                 w.line(f"tl.store({ptr}, s.to({STORAGE[node.layout.dtype]}), xmask & rmask)")
         n = int(self.rnumel) if self.rnumel.is_number else 1024
         rblock = min(pow2_at_least(n), 1024)
