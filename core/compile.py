@@ -323,7 +323,8 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
         name, kind, kernel_reports,
         lowered.fallbacks, plan.peak_bytes, stages, sched.decisions, wrapper.source,
         len(lowered.inputs), bool(lowered.symbol_sources), plan.reused, plan.inplace,
-        capture=capture_note, output_strides=strides, frozen=frozen_note)
+        capture=capture_note, output_strides=strides, frozen=frozen_note,
+        programs=tuple(writer.written_programs))
     log.debug("compiled %s: %d kernels, %d fallbacks", name, len(kernels), len(lowered.fallbacks))
     if key is not None:  # once the first call has run: builds and tuning finish in it
         fn = _after_first_call(fn, functools.partial(graph_cache.store, key, report, wrapper, sched.steps,

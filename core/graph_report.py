@@ -58,6 +58,8 @@ class GraphReport:
     output_strides: list[tuple[int, ...] | None] | None = None
     #: What the ``freezing`` knob did to the graph (:mod:`coil.freezing`); "" where it did not apply.
     frozen: str = ""
+    #: Host programs (:mod:`coil.host_programs`) the wrapper calls, each "<name>: <kernels>".
+    programs: tuple[str, ...] = ()
 
     @property
     def fallback_ops(self) -> list[str]:

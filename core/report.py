@@ -46,6 +46,12 @@ class ExplainReport:
         return max((g.peak_bytes for g in self.graphs), default=0)
 
     @property
+    def programs(self) -> list[str]:
+        """Host programs the wrappers call (:mod:`coil.host_programs`), each "<graph>.<name>:
+        <kernels>": runs of kernels that cross from Python into the device's module once."""
+        return [f"{g.name}.{p}" for g in self.graphs for p in getattr(g, "programs", ())]
+
+    @property
     def inplace(self) -> int:
         """Kernel outputs stored over an input of their own kernel, in every graph."""
         return sum(g.inplace for g in self.graphs)

@@ -21,6 +21,8 @@ def format_graph(g: GraphReport) -> str:
         lines.append(f"   {g.frozen}")
     if getattr(g.capture, "replay", None) is not None:
         lines.append(f"   {g.capture}")
+    for program in getattr(g, "programs", ()):
+        lines.append(f"   host program {program}")
     for f in g.fallbacks:
         label = f.kind if f.kind in ("library", "template", "collective") else "FALLBACK"
         lines.append(f"   {label}: {f.op} ({f.reason})")

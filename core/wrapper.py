@@ -126,6 +126,8 @@ class WrapperWriter:
         self.plan = plan
         self.launchers = launchers
         self.programs = {p.start: p for p in programs}
+        #: The programs written as one call each: "<program>: <kernel>, <kernel>...".
+        self.written_programs: list[str] = []
         self.modules = modules or {}
         # math: sizes derived from float ones print as ``math.trunc(...)`` (torch's printer)
         self.ns: dict[str, Any] = {"torch": torch, "math": math, "empty_strided": torch.empty_strided,
@@ -222,6 +224,7 @@ class WrapperWriter:
                     self._alloc(alloc)
         kernels = ", ".join(launch.kernel.name for launch in planned.program.launches)
         self.w.line(f"{line}  # {kernels}")
+        self.written_programs.append(f"{planned.program.name}: {kernels}")
         for i in steps:
             for name in self.plan.frees[i]:
                 if name not in planned.scratch_names:

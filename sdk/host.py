@@ -38,6 +38,10 @@ class GraphInfo(Protocol):
     name: str
     kind: str
     symbolic: bool
+    #: The host programs the graph's wrapper calls (SDK 1.13.0), each "<name>: <kernel>,
+    #: <kernel>...": runs of launches a backend with ``Capabilities.host_programs`` compiled
+    #: into one host function.
+    programs: Sequence[str]
 
     @property
     def kernels(self) -> Sequence[KernelInfo]: ...

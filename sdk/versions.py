@@ -284,6 +284,10 @@ HISTORY: tuple[Release, ...] = (
                "the launches one by one), so the wrapper crosses into the module once per run "
                "and the run's short-lived buffers are the host function's scratch memory"),
     )),
+    Release("1.13.0", (
+        Change("GraphInfo.programs: the host programs a graph's wrapper calls; the conformance "
+               "kit's host_programs tier (run for backends declaring Capabilities.host_programs)"),
+    )),
 )
 
 #: The API version this Coil provides.

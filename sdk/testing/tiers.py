@@ -17,6 +17,7 @@ TIERS: dict[str, str] = {
     "backward": "gradients of compiled functions match eager; backward kernels on the device",
     "dynamic_shapes": "one symbolic compile serves several sizes",
     "templates": "each op the backend has a template for, with a fused epilogue",
+    "host_programs": "runs of kernels as one host call each: results, errors, gradients, threads as without",
     "opinfo": "PyTorch's OpInfo samples against eager (off by default; expected-failures file)",
 }
 
@@ -51,6 +52,7 @@ _REQUIREMENTS: dict[str, Callable[[Any], str | None]] = {
     "backward": _needs_flag("backward", True),
     "dynamic_shapes": _needs_flag("dynamic_shapes", True),
     "templates": _needs_templates,
+    "host_programs": _needs_flag("host_programs", False),
     "opinfo": _needs_float32,
 }
 
