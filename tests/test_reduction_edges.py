@@ -86,3 +86,15 @@ def test_variance_of_data_far_from_zero_is_as_precise_as_eagers():
     got = torch.compile(f, backend="coil")(x)
     torch.testing.assert_close(got, f(x), rtol=1e-5, atol=0)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("f", [lambda x: x.mean(dtype=torch.float64), lambda x: x.mean(0, dtype=torch.float64),
+                               lambda x: x.mean(-1, keepdim=True, dtype=torch.float64) * 2],
+                         ids=["all", "dim0", "last_keepdim"])
+def test_mean_with_a_dtype_sums_in_that_dtype(f):
+    """``mean(dtype=float64)`` sums ``x.to(float64)`` as eager does: Coil summed an int64 input
+    as int64 (4 * 2**62 wrapped to 0, a mean of 0) and a float32 one in float32 (a hunt)."""
+    big = torch.full((4, 4), 2**62, dtype=torch.int64)
+    check(f, big, atol=0, rtol=0)
+    torch._dynamo.reset()
+    check(f, torch.full((64, 1000), 0.1) + torch.arange(1000) * 1e-3, atol=0, rtol=1e-15)

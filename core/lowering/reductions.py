@@ -234,7 +234,10 @@ def _mean(ctx: LoweringContext, x: TensorValue, dim: Any = None, keepdim: bool =
     dims = _dims(x, dim)
     count = ir.sympy_product([x.size[d] for d in dims]) if x.ndim else sympy.Integer(1)
     acc = compute_dtype(out)
-    total = reduce(ctx, x, dims, keepdim, "sum", acc)[0]
+    # eager sums ``x.to(dtype)``: an int64 or float32 input summed in float64 under
+    # dtype=float64 (summed in the input's type, 4 * 2**62 wrapped to 0: found by a hunt)
+    src = to_dtype(x, dtype) if dtype is not None else x
+    total = reduce(ctx, src, dims, keepdim, "sum", acc, acc=acc)[0]
     return _divide_by(total, count, out)
 
 
