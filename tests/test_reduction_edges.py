@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import TEST_BACKEND
-from helpers import check
+from helpers import check, cpu_routed_to, cpu_tensors
 
 NAN, INF = float("nan"), float("inf")
 ON_THE_CPU = TEST_BACKEND == "cpu_cpp" and torch.get_default_device().type == "cpu"
@@ -98,3 +98,18 @@ def test_mean_with_a_dtype_sums_in_that_dtype(f):
     check(f, big, atol=0, rtol=0)
     torch._dynamo.reset()
     check(f, torch.full((64, 1000), 0.1) + torch.arange(1000) * 1e-3, atol=0, rtol=1e-15)
+
+
+@pytest.mark.parametrize("plugin", ["cpu_cpp", "triton"])
+@pytest.mark.parametrize("f, x", [
+    (lambda x: x.t().amax(-1), torch.randint(-100, 100, (1025, 2), generator=torch.Generator().manual_seed(0))),
+    (lambda x: x.amax(), torch.randint(-100, 100, (3, 1025), dtype=torch.int8, generator=torch.Generator().manual_seed(1))),
+    (lambda x: x.amin(0), torch.randint(-9, 9, (70001, 3), dtype=torch.int32, generator=torch.Generator().manual_seed(2))),
+], ids=["int64_columns", "int8_whole", "int32_long_columns"])
+def test_split_integer_max_and_min(plugin, f, x):
+    """A split reduction of an integer max or min: the Triton plugin combined its partials
+    with ``tl.reduce(v, 1, tl.maximum)``, which Triton refuses (a combine function must be
+    jitted): a crash under the interpreter (a hunt)."""
+    with cpu_tensors(), cpu_routed_to(plugin, f"split-int-{plugin}"):
+        torch._dynamo.reset()
+        check(f, x.cpu(), atol=0, rtol=0)

@@ -35,8 +35,9 @@ def combine_fn(kind: str, dtype: torch.dtype) -> str:
     return {"sum": "add_combine", "prod": "mul_combine", "any": "or_combine", "all": "and_combine"}[kind]
 
 
-def _final(kind: str, acc: str, dtype: torch.dtype) -> str:
-    """Reduce a block of states along axis 1, keeping the axis."""
+def reduce_block(kind: str, acc: str, dtype: torch.dtype) -> str:
+    """Reduce a block of states along axis 1, keeping the axis (Triton's ``tl.max``/``tl.min``
+    for integers: ``tl.reduce`` takes only jitted combine functions, not ``tl.maximum``)."""
     if kind == "sum":
         return f"tl.sum({acc}, 1)[:, None]"
     if kind in ("max", "min") and not dtype.is_floating_point:
@@ -90,7 +91,7 @@ class Reduction:
             w.line(f"{n}_i = tl.broadcast_to({rindex}, {BLOCK}).to(tl.int64)")
             w.line(f"_, {n}_r = tl.reduce(({n}_v, {n}_i), 1, {kind}_combine)")
             return [f"{n}_r[:, None]"]
-        w.line(f"{n}_r = {_final(kind, f'{n}_v', self.acc_dtype)}")
+        w.line(f"{n}_r = {reduce_block(kind, f'{n}_v', self.acc_dtype)}")
         return [f"{n}_r"]
 
     # -- looped: per-lane states over blocks of the row
@@ -136,7 +137,7 @@ class Reduction:
             w.line(f"_, {n}_r = tl.reduce(({n}_acc, {n}_idx), 1, {kind}_combine)")
             return [f"{n}_r[:, None]"]
         dtype = torch.bool if kind in ("any", "all") else self.acc_dtype
-        w.line(f"{n}_r = {_final(kind, f'{n}_acc', dtype)}")
+        w.line(f"{n}_r = {reduce_block(kind, f'{n}_acc', dtype)}")
         return [f"{n}_r"]
 
 

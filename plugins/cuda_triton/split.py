@@ -29,7 +29,7 @@ from coil.sdk import ReductionNode
 
 from .configs import Config, pow2_at_least
 from .optable import POINTER, STORAGE, literal
-from .reductions import Reduction, combine_fn, identity, welford_lanes
+from .reductions import Reduction, identity, reduce_block, welford_lanes
 from .source import KernelSource
 from .strategy import Scope, Writer
 
@@ -205,7 +205,7 @@ def generate(kw: Writer, split: int) -> list[KernelSource]:
                 if kind == "sum":
                     w2.line(f"r{i} = tl.sum(v, 1)[:, None]")
                 else:
-                    w2.line(f"r{i} = tl.reduce(v, 1, {combine_fn(kind, dtype)})[:, None]")
+                    w2.line(f"r{i} = {reduce_block(kind, 'v', dtype)}")
                 results = [f"r{i}"]
             kw.store_results(kn, results)
         if len(k.loops) == 2:
