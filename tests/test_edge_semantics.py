@@ -272,3 +272,15 @@ def test_linspace_and_logspace_as_eager_computes_them(dtype, space):
     exact = {} if dtype == torch.float32 else {"atol": 0, "rtol": 0}  # float32: within an ulp
     torch.testing.assert_close(got, expected, **exact)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int16])
+def test_signbit_of_every_dtype(dtype):
+    """``signbit`` reads the sign bit (-0.0 and -inf too): ``std::signbit`` of a float widened from
+    a half type crashed GCC 12's vectoriser in the C++ plugin (an internal compiler error, found
+    by a hunt), so a half-type signbit of 8 elements or more failed to compile."""
+    x = torch.tensor([-0.0, 0.0, 1.5, -2.5, float("inf"), -float("inf"), 3.0, -7.0] * 5)
+    x = x.to(dtype) if dtype.is_floating_point else (x.nan_to_num(posinf=9, neginf=-9) * 3).to(dtype)
+    check(torch.signbit, x, atol=0, rtol=0)
+    torch._dynamo.reset()
+    check(lambda x: torch.signbit(x) ^ (x.abs() > 2), x, atol=0, rtol=0)

@@ -120,6 +120,14 @@ inline To cast(From x) {
 template <typename T> inline bool isnan_(T x) {
   if constexpr (std::is_floating_point_v<T>) return std::isnan(x); else return false;
 }
+// the sign bit read from the bits (std::signbit on a float widened from a half type crashed
+// GCC 12's vectoriser: an internal compiler error)
+template <typename T> inline bool signbit_(T x) {
+  if constexpr (std::is_same_v<T, float>) return (bits_as<uint32_t>(x) >> 31) != 0;
+  else if constexpr (std::is_same_v<T, double>) return (bits_as<uint64_t>(x) >> 63) != 0;
+  else if constexpr (std::is_signed_v<T>) return x < T(0);
+  else return false;
+}
 template <typename T> inline T max_nan(T a, T b) { return isnan_(a) ? a : (isnan_(b) ? b : (a > b ? a : b)); }
 template <typename T> inline T min_nan(T a, T b) { return isnan_(a) ? a : (isnan_(b) ? b : (a < b ? a : b)); }
 template <typename T> inline T clamp_min(T x, T lo) { return x < lo ? lo : x; }

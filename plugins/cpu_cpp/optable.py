@@ -64,7 +64,7 @@ OPS: dict[str, Spelling] = {
     "eq": _infix("=="), "ne": _infix("!="), "lt": _infix("<"), "le": _infix("<="),
     "gt": _infix(">"), "ge": _infix(">="),
     "isnan": lambda a, t: f"coil::isnan_({a[0]})", "isinf": _call("std::isinf"),
-    "signbit": _call("std::signbit"),
+    "signbit": _call("coil::signbit_"),
     "logical_and": _infix("&&"), "logical_or": _infix("||"),
     "logical_xor": lambda a, t: f"(bool({a[0]}) != bool({a[1]}))", "logical_not": lambda a, t: f"(!{a[0]})",
     "bitwise_and": _infix("&"), "bitwise_or": _infix("|"), "bitwise_xor": _infix("^"),
