@@ -114,6 +114,11 @@ inline To cast(From x) {
   else if constexpr (std::is_same_v<To, bf16>) return to_bf16(static_cast<float>(x));
   else if constexpr (std::is_same_v<To, fp16>) return to_fp16(static_cast<float>(x));
   else if constexpr (std::is_same_v<To, bool>) return x != From(0);
+  // a float to an int narrower than 32 bits through int32, as eager's code does on x86 (the
+  // low bits of a 32-bit truncation: 300.0 -> int8 44, inf -> 0): a direct static_cast is
+  // undefined out of range, and GCC folded float -> int8 -> float away (300.0 stayed 300)
+  else if constexpr (std::is_floating_point_v<From> && std::is_integral_v<To> && sizeof(To) < 4)
+    return static_cast<To>(static_cast<int32_t>(x));
   else return static_cast<To>(x);
 }
 
