@@ -90,7 +90,11 @@ def _sign(a: list[str], t: torch.dtype, interp: bool) -> str:
 
 
 def _bitwise_not(a: list[str], t: torch.dtype, interp: bool) -> str:
-    return f"({a[0]} == 0)" if t == torch.bool else f"(~{a[0]})"
+    if t == torch.bool:
+        return f"({a[0]} == 0)"
+    if t == torch.uint8 and interp:  # the interpreter inverts by ``x ^ -1``, out of uint8's range
+        return f"({a[0]} ^ tl.full([1], 255, tl.uint8))"
+    return f"(~{a[0]})"
 
 
 def _float_or_int(float_text: Callable[[list[str]], str], int_text: Callable[[list[str]], str]) -> Spelling:
