@@ -113,3 +113,16 @@ def test_split_integer_max_and_min(plugin, f, x):
     with cpu_tensors(), cpu_routed_to(plugin, f"split-int-{plugin}"):
         torch._dynamo.reset()
         check(f, x.cpu(), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("plugin", ["cpu_cpp", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_sum_of_one_negative_zero_is_positive_zero(plugin, dtype):
+    """Eager's sum starts at +0.0, so the sum over a dim of size 1 of -0.0 is +0.0; Coil's sum
+    of one element was the element itself (a hunt)."""
+    x = torch.tensor([[-0.0, 1.0, -2.0], [0.0, -0.0, 3.0]]).to(dtype)
+    with cpu_tensors(), cpu_routed_to(plugin, f"negzero-{plugin}"):
+        for f in (lambda x: x[:1].sum(0), lambda x: x.unsqueeze(1).sum(1) * 2, lambda x: x[:, :1].mean(-1)):
+            torch._dynamo.reset()
+            got = torch.compile(f, backend="coil")(x)
+            assert torch.equal(got, f(x)) and torch.equal(got.signbit(), f(x).signbit()), (got, f(x))

@@ -142,9 +142,9 @@ def _one_hot_sum(ctx: LoweringContext, x: TensorValue, body: ir.Value, full_idx:
 def _trivial_reduction(ctx: LoweringContext, x: TensorValue, full_idx: list[Expr], out_idx: list[Expr],
                        ranges: tuple[Expr, ...], rtype: str, layout: Layout,
                        out_size: tuple[Expr, ...]) -> list[Realized]:
-    """A reduction over one element per output: the element itself (0 for arg-reductions; for
-    Welford a sum of squares of ``(x - x)**2``, 0 for a finite element and NaN for inf or NaN,
-    as eager's variance of one element with correction 0)."""
+    """A reduction over one element per output: the element itself (0 for arg-reductions; for a
+    float sum ``0.0 + x``; for Welford a sum of squares of ``(x - x)**2``, 0 for a finite element
+    and NaN for inf or NaN, as eager's variance of one element with correction 0)."""
     value = x.load(full_idx)
     if rtype in ("argmax", "argmin"):
         bodies = [ir.Const(torch.int64, value=0)]
@@ -153,6 +153,10 @@ def _trivial_reduction(ctx: LoweringContext, x: TensorValue, full_idx: list[Expr
         v = cast(value, acc)
         deviation = ir.Op(acc, name="sub", args=(v, v))
         bodies = [v, ir.Op(acc, name="mul", args=(deviation, deviation))]
+    elif rtype == "sum" and layout.dtype.is_floating_point:
+        # eager's sum starts at +0.0: a sum of one -0.0 is +0.0 (the element itself was -0.0)
+        acc = compute_dtype(layout.dtype)
+        bodies = [ir.Op(acc, name="add", args=(cast(value, acc), ir.Const(acc, value=0.0)))]
     else:
         bodies = [value]
     outs = []
