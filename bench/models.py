@@ -163,7 +163,7 @@ def accuracy(actual: list[tuple[str, torch.Tensor]], expected: list[tuple[str, t
              tol: check.Tolerance, truth: list[tuple[str, torch.Tensor]] | None = None) -> dict[str, Any]:
     """Smallest cosine, wrong-tensor count and the first wrong names, against eager; with
     ``truth`` (the step in float32, for bf16 modes) also ``worse``: the wrong tensors that are
-    not as accurate against float32 as eager's (``check.as_accurate_as_eager``)."""
+    not as accurate against float32 as eager's, and ``noise`` (``check.against_float32``)."""
     got = dict(actual)
     diffs = [check.compare(name, got.get(name), ref, tol) for name, ref in expected]
     cosines = [d.cosine for d in diffs if not math.isnan(d.cosine)]
