@@ -65,6 +65,13 @@ class _SpecialWriter(KernelWriter):
         self.int64 = True
         self.xmask = self.rmask = True
 
+    def as_stored(self, x: str, dtype: torch.dtype) -> str:
+        """``x`` in ``dtype``'s storage type; to bf16 rounded to nearest under the interpreter,
+        whose own conversion truncates where the GPU's rounds (as ``KernelWriter.narrow``)."""
+        if self.interpret and dtype == torch.bfloat16:
+            return f"round_bf16(({x}).to(tl.float32)).to(tl.bfloat16)"
+        return f"({x}).to({STORAGE[dtype]})"
+
     def header(self, name: str) -> None:
         k = self.k
         params = [f"p_{b}" for b in k.inputs + k.outputs] + [s.name for s in k.size_args]
@@ -122,7 +129,7 @@ class _ScanWriter(_SpecialWriter):
                 # a scan of one row has a store index without x: widened to the mask's shape by
                 # adding zeros (Triton's interpreter cannot store through a broadcast view)
                 ptr = f'{self.pointer(node.name, node.store_index, "[XBLOCK, RBLOCK]")} + tl.zeros([XBLOCK, RBLOCK], tl.int32)'
-                w.line(f"tl.store({ptr}, s.to({STORAGE[node.layout.dtype]}), xmask & rmask)")
+                w.line(f"tl.store({ptr}, {self.as_stored('s', node.layout.dtype)}, xmask & rmask)")
         n = int(self.rnumel) if self.rnumel.is_number else 1024
         rblock = min(pow2_at_least(n), 1024)
         return self.make("scan", [Config(max(1, min(64, 4096 // rblock)), rblock, num_warps=4)])
@@ -144,7 +151,7 @@ class _ScatterBaseWriter(_SpecialWriter):
             self.define_all([node.store_index] + _index_exprs(node.base))
             v = self.value(node.base, Scope(mask="xmask"))
             ptr = self.pointer(node.name, node.store_index, "[XBLOCK]")
-            w.line(f"tl.store({ptr}, tl.broadcast_to({v}, [XBLOCK]).to({STORAGE[node.layout.dtype]}), xmask)")
+            w.line(f"tl.store({ptr}, {self.as_stored(f'tl.broadcast_to({v}, [XBLOCK])', node.layout.dtype)}, xmask)")
         return self.make("pointwise", [Config(1024, num_warps=4)])
 
 
@@ -164,7 +171,7 @@ class _ScatterWriter(_SpecialWriter):
     def source(self) -> KernelSource:
         node, w = self.node, self.w
         self.header(self.k.name)
-        store_t = STORAGE[node.layout.dtype]
+        dtype = node.layout.dtype
         with w.indent():
             if self.serial:  # one program walks the sources in order
                 bound = self.xnumel_text if self.xnumel.is_number else f"loop_bound({self.xnumel_text})"
@@ -183,12 +190,12 @@ class _ScatterWriter(_SpecialWriter):
             target = self.pointer(node.name, node.target_index, "[XBLOCK]")
             value = f"tl.broadcast_to({v}, [XBLOCK])"
             if node.accumulate is None:
-                w.line(f"tl.store({target}, {value}.to({store_t}), xmask)")
+                w.line(f"tl.store({target}, {self.as_stored(value, dtype)}, xmask)")
             elif self.atomic:
-                w.line(f"{_ATOMIC_FN[node.accumulate]}({target}, {value}.to({store_t}), xmask)")
+                w.line(f"{_ATOMIC_FN[node.accumulate]}({target}, {self.as_stored(value, dtype)}, xmask)")
             else:
-                w.line(f"cur = tl.load({target}, mask=xmask, other=0).to({compute(node.layout.dtype)})")
-                w.line(f"tl.store({target}, {_combined(node.accumulate, 'cur', value, node.layout.dtype)}.to({store_t}), xmask)")
+                w.line(f"cur = tl.load({target}, mask=xmask, other=0).to({compute(dtype)})")
+                w.line(f"tl.store({target}, {self.as_stored(_combined(node.accumulate, 'cur', value, dtype), dtype)}, xmask)")
             if self.serial:
                 loop.__exit__(None, None, None)
         if self.serial:
