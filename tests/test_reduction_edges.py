@@ -120,8 +120,8 @@ def test_split_integer_max_and_min(plugin, f, x):
 def test_a_sum_of_one_negative_zero_is_positive_zero(plugin, dtype):
     """Eager's sum starts at +0.0, so the sum over a dim of size 1 of -0.0 is +0.0; Coil's sum
     of one element was the element itself (a hunt)."""
-    x = torch.tensor([[-0.0, 1.0, -2.0], [0.0, -0.0, 3.0]]).to(dtype)
     with cpu_tensors(), cpu_routed_to(plugin, f"negzero-{plugin}"):
+        x = torch.tensor([[-0.0, 1.0, -2.0], [0.0, -0.0, 3.0]]).to(dtype)
         for f in (lambda x: x[:1].sum(0), lambda x: x.unsqueeze(1).sum(1) * 2, lambda x: x[:, :1].mean(-1)):
             torch._dynamo.reset()
             got = torch.compile(f, backend="coil")(x)
@@ -133,11 +133,11 @@ def test_bf16_scans_and_accumulating_scatters_round_to_nearest():
     Triton's interpreter truncates (the GPU rounds): index_add into bf16 drifted toward zero by
     several ulps per row, cumsum by one (a hunt). Both generators now agree bit for bit on
     the accumulating scatter (one serial order each) and the scan matches eager's bits."""
-    g = torch.Generator().manual_seed(0)
-    src, idx = torch.randn(40, 2, generator=g).to(torch.bfloat16), torch.randint(0, 4, (40,), generator=g)
-    base, x = torch.zeros(4, 2, dtype=torch.bfloat16), torch.randn(2, 64, generator=g).to(torch.bfloat16)
     got = {}
     with cpu_tensors():
+        g = torch.Generator().manual_seed(0)
+        src, idx = torch.randn(40, 2, generator=g).to(torch.bfloat16), torch.randint(0, 4, (40,), generator=g)
+        base, x = torch.zeros(4, 2, dtype=torch.bfloat16), torch.randn(2, 64, generator=g).to(torch.bfloat16)
         for plugin in ("cpu_cpp", "triton"):
             with cpu_routed_to(plugin, f"bf16-store-{plugin}"):
                 torch._dynamo.reset()

@@ -69,7 +69,7 @@ class _SpecialWriter(KernelWriter):
         """``x`` in ``dtype``'s storage type; to bf16 rounded to nearest under the interpreter,
         whose own conversion truncates where the GPU's rounds (as ``KernelWriter.narrow``)."""
         if self.interpret and dtype == torch.bfloat16:
-            return f"round_bf16(({x}).to(tl.float32)).to(tl.bfloat16)"
+            return f"{self.narrow(x, dtype)}.to(tl.bfloat16)"
         return f"({x}).to({STORAGE[dtype]})"
 
     def header(self, name: str) -> None:
