@@ -40,6 +40,7 @@ from .foreign_operands import bring_foreign_operands
 from .matmul_bias import split_matmul_bias
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
+from .scalar_range import check_scalar_ranges
 from .scheduler import schedule
 from .wrapper import WrapperWriter
 
@@ -218,6 +219,7 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     eager_outputs = traced_outputs(gm)  # the outputs as traced (before passes): returned in these strides
     # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
     reference = selfcheck.reference_graph(gm) if config.check else None
+    check_scalar_ranges(gm)  # eager's overflow checks of scalars written into integer tensors
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
     bring_foreign_operands(gm, lambda node, device: generated_here(node, device, lowering_registry()))
