@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from . import (capture, collectives, donation, freezing, graph_cache, host_programs, plugins, progress, selfcheck,
-               templates)
+               scalar_range, templates, zero_dim_operands)
 from .sdk import versions
 from .sdk.backend import ConvolutionInfo
 from .config import Config
@@ -40,7 +40,6 @@ from .foreign_operands import bring_foreign_operands
 from .matmul_bias import split_matmul_bias
 from .pad_gemm import pad_gemms
 from .report_text import format_graph
-from .scalar_range import check_scalar_ranges
 from .scheduler import schedule
 from .wrapper import WrapperWriter
 
@@ -219,7 +218,8 @@ def _compile_body(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], confi
     eager_outputs = traced_outputs(gm)  # the outputs as traced (before passes): returned in these strides
     # self-check mode (coil.selfcheck) runs the graph as it arrived, before passes rewrite it
     reference = selfcheck.reference_graph(gm) if config.check else None
-    check_scalar_ranges(gm)  # eager's overflow checks of scalars written into integer tensors
+    scalar_range.check_scalar_ranges(gm)  # eager's overflow checks of scalars written into integer tensors
+    zero_dim_operands.cast_zero_dim_operands(gm, lambda dev: capability(dev, "zero_dim_operands_cast", False, reg))
     for graph_pass in reg.graph_passes:
         graph_pass(gm)
     bring_foreign_operands(gm, lambda node, device: generated_here(node, device, lowering_registry()))

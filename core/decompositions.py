@@ -157,7 +157,23 @@ def table() -> dict[Any, Callable[..., Any]]:
             overload = getattr(op, name)
             if overload in decomps:
                 decomps[overload] = functools.partial(_full_precision_only, decomps[overload])
+    for op in (aten.addcmul, aten.addcdiv, aten.lerp, aten.xlogy, aten.logaddexp, aten.logaddexp2):
+        for name in op.overloads():
+            overload = getattr(op, name)
+            if overload in decomps:
+                decomps[overload] = functools.partial(_no_mixed_zero_dim, decomps[overload])
     return decomps
+
+
+def _no_mixed_zero_dim(decomposition: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Not decomposed where a 0-d tensor operand of another type meets a float16 or bfloat16
+    tensor: the decompositions compute in float32, where eager's CUDA kernels cast that operand
+    to the half type first (:mod:`coil.zero_dim_operands`, which casts it before the call)."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    half = [t.dtype for t in tensors if t.dim() > 0 and t.dtype in (torch.float16, torch.bfloat16)]
+    if half and any(t.dim() == 0 and t.dtype != half[0] for t in tensors):
+        return NotImplemented
+    return decomposition(*args, **kwargs)
 
 
 def _full_precision_only(decomposition: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -121,6 +121,13 @@ class Capabilities:
     #: eager's CUDA kernels (SDK 1.11.0). ``remainder``, ``fmod``, ``pow`` and ``atan2`` round
     #: such a number on every device, ``mul`` and ``div`` on none. Default False.
     half_add_scalars_rounded: bool = False
+    #: Whether eager's kernels on this device cast a 0-d tensor operand on the device to a
+    #: float16 or bfloat16 result's type before computing, as eager's CUDA kernels do
+    #: (``h_fp16 + z`` with a 0-d float32 ``z`` on the GPU adds ``z`` rounded to float16): the
+    #: core then casts such operands of arithmetic ops first (:mod:`coil.zero_dim_operands`).
+    #: False: such an operand is read as a Python number is, as eager's CPU kernels read a 0-d
+    #: CPU tensor (SDK 1.14.0). Default False.
+    zero_dim_operands_cast: bool = False
     #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
     #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.

@@ -288,6 +288,12 @@ HISTORY: tuple[Release, ...] = (
         Change("GraphInfo.programs: the host programs a graph's wrapper calls; the conformance "
                "kit's host_programs tier (run for backends declaring Capabilities.host_programs)"),
     )),
+    Release("1.14.0", (
+        Change("Capabilities.zero_dim_operands_cast (default False): a backend whose eager "
+               "counterpart casts a 0-d tensor operand to a float16 or bfloat16 result's type "
+               "before computing (CUDA's kernels) declares True, and the core casts such operands "
+               "of arithmetic ops first (the Triton plugin)"),
+    )),
 )
 
 #: The API version this Coil provides.

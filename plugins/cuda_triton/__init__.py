@@ -19,7 +19,7 @@ def coil_api_version() -> str:
     # capture(static_inputs=, measure=), coil.sdk.cachestats, DiskCache(layer=...),
     # export_module/import_module, template_dialects, Check.skip, coil.sdk.canonical,
     # gemm_alignment_bytes, coil.sdk.progress, Capabilities.random,
-    # Capabilities.inplace_reductions, Kernel.inplace, warm_up
+    # Capabilities.inplace_reductions, Kernel.inplace, warm_up, Capabilities.zero_dim_operands_cast
     return "1.0.0"
 
 

@@ -102,6 +102,9 @@ class TritonBackend(sdk.DeviceBackend[CompiledModule]):
             graph_capture=not interpret, autotune=True, compiler="triton", gemm_alignment_bytes=16,
             # cuDNN runs NHWC convolutions without transposes; kernels iterate in memory order
             conv_channels_last=True, random=True,
+            # eager's CUDA kernels cast a 0-d GPU tensor operand to a half result's type first
+            # (the interpreter's CPU tensors are checked against eager's CPU kernels, which do not)
+            zero_dim_operands_cast=not interpret,
             # one program owns a kept point's row and runs its loops in order, with a barrier
             # before a loop that stores over what earlier loops read; split reductions (two
             # launches) only ever store reductions, which never go in place
