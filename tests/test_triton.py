@@ -221,6 +221,19 @@ def test_index_add_and_index_put_accumulate(backend):
     check(lambda x, i, v: x.scatter_reduce(0, i, v, "amax"), torch.randn(10), i, torch.randn(5))
 
 
+def test_accumulating_scatters_of_a_constant(backend):
+    """A constant source (``ones``, ``full``, a 0-d value) reaches the atomic as one value
+    broadcast to the block: the interpreter's atomics read it as if laid out, and wrote garbage
+    over the whole output (a hunt, session 37)."""
+    i = torch.tensor([0, 1, 1])
+    check(lambda x, i: torch.index_put(x, (i,), torch.ones(3, 3), accumulate=True), torch.zeros(2, 3), i)
+    check(lambda x, i: (x + 1).index_add(0, i, torch.full((3, 3), 2.0)), torch.zeros(2, 3), i)
+    check(lambda x, i: torch.index_put(x.long(), (i,), torch.ones(3, 3, dtype=torch.long), accumulate=True),
+          torch.zeros(2, 3), i)
+    check(lambda x: torch.zeros(3).index_add_(0, torch.tensor([0, 2, 2, 2, 1]), torch.ones(5)) * x, torch.randn(3))
+    check(lambda x, i: torch.index_put(x, (i,), x[0, 0] + 1, accumulate=True), torch.zeros(2, 3), i)
+
+
 # ----------------------------------------------------------------------------- the autotuner
 
 

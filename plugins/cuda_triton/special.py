@@ -192,6 +192,8 @@ class _ScatterWriter(_SpecialWriter):
             if node.accumulate is None:
                 w.line(f"tl.store({target}, {self.as_stored(value, dtype)}, xmask)")
             elif self.atomic:
+                if self.interpret:  # the interpreter's atomics read a broadcast value as if laid out
+                    value = f"tl.where(xmask, {value}, 0)"  # (a constant's stride 0): a new array
                 w.line(f"{_ATOMIC_FN[node.accumulate]}({target}, {self.as_stored(value, dtype)}, xmask)")
             else:
                 w.line(f"cur = tl.load({target}, mask=xmask, other=0).to({compute(dtype)})")
