@@ -499,6 +499,7 @@ def _special_exprs(node: ir.Node) -> list[sympy.Expr]:
         out += list(node.src_ranges) + [node.target_index]
         for ind in node.target_indirect:
             out += [ld.index for ld in ir.loads(ind)] + [ind.size]
+            out += [w.expr for w in ir.walk(ind) if isinstance(w, ir.IndexValue)]  # full((4, 1), n)
     return out
 
 

@@ -264,12 +264,19 @@ class WrapperWriter:
             used |= set(getattr(step, "size_args", ()))
             if isinstance(step, ir.ExternNode):  # an ATen call's size arguments (``narrow(x, 1, n // 2, 1)``)
                 for a in ir._flatten([*step.args, *step.kwargs.values()]):
+                    if isinstance(a, ir.BufferRef):  # a view passed (its offset, sizes, strides)
+                        view = (*a.layout.size, *a.layout.stride, a.layout.offset)
+                        used |= set().union(*(sympy.sympify(e).free_symbols for e in view))
+                        continue
                     e = a.node.expr if isinstance(a, torch.SymInt) else a
                     if isinstance(e, sympy.Basic):
                         used |= (e if e.is_Atom else symbolic.from_torch(e)).free_symbols
         for out in self.graph.outputs:
             if out.expr is not None:
                 used |= sympy.sympify(out.expr).free_symbols
+            if out.layout is not None:  # a view returned (``x[n % 4]``: its offset)
+                for e in (*out.layout.size, *out.layout.stride, out.layout.offset):
+                    used |= sympy.sympify(e).free_symbols
         for sym in sorted(used & set(definitions), key=lambda s: s.name):
             expr = definitions[sym]
             if all(s.name in self.bound for s in expr.free_symbols):

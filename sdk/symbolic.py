@@ -258,6 +258,8 @@ class ExprPrinter:
             return self.minimum([self.print(a) for a in e.args])
         if isinstance(e, sympy.Max):
             return self.maximum([self.print(a) for a in e.args])
+        if isinstance(e, sympy.Abs):  # of a symbolic integer (``abs(n)``): the larger of n, -n
+            return self.maximum([self.print(e.args[0]), self.print(-e.args[0])])
         raise NotImplementedError(f"cannot print index expression {e!r} ({type(e).__name__})")
 
     def _factor(self, e: sympy.Expr) -> str:

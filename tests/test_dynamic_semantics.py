@@ -106,3 +106,30 @@ def test_a_symbolic_scalar_is_rounded_to_the_half_type_as_a_number_is(name, dtyp
         x[:3] = torch.tensor([17001.0, 2119.0, 4238.0], device="cpu")
         return x.to(dtype).to(torch.get_default_device())
     _both_ways(fn, (17,), (23,), (31,), make=make)
+
+
+SYMBOLIC_INTS = {
+    # a slice's step of the sizes (torch's Max and FloorDiv reached the printer)
+    "step": (lambda x, n: x[::max(x.shape[0] // 3, 1)] + n, ((7, 2), (12, 3), (2, 5))),
+    # abs() of an int argument (sympy's Abs had no spelling)
+    "abs": (lambda x, n: x * abs(n), ((4, 4),)),
+    "abs_index": (lambda x, n: x[-(abs(n) % 4) - 1], ((4, 4), (6, 2))),
+    # a view returned at a derived offset (the wrapper did not bind the derived size: NameError)
+    "mod_index": (lambda x, n: x[n % 4], ((4, 4), (5, 3))),
+    # a scatter's index filled with the argument (its symbol was no argument of the C++ kernel)
+    "scatter_full": (lambda x, n: x.scatter(1, torch.full((x.shape[0], 1), abs(n) % x.shape[1]), 9.0),
+                     ((4, 4), (3, 5))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SYMBOLIC_INTS))
+def test_symbolic_int_arguments(name):
+    """Found by a hunt (session 37): each compiled, or ran, only with a static argument."""
+    fn, shapes = SYMBOLIC_INTS[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="coil", dynamic=True)
+    for shape in shapes:
+        x = torch.arange(float(shape[0] * shape[1])).view(shape)
+        for n in (-7, 5, 2, 9):
+            torch.testing.assert_close(compiled(x, n), fn(x, n))
+    torch._dynamo.reset()

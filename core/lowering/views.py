@@ -64,7 +64,7 @@ def expand(v: TensorValue, size: Sequence[Any]) -> TensorValue:
     return broadcast_to(v, new_size)
 
 
-def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int, length: Expr | None = None) -> TensorValue:
+def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: Any, length: Expr | None = None) -> TensorValue:
     """``v[..., start:end:step, ...]`` along ``dim``; ``length``: the slice's length as the
     graph's metadata has it, where known. Under dynamic shapes Dynamo's guards may settle a
     length the bounds only spell symbolically: ``x[:, 1:2]`` of ``s`` columns is
@@ -73,9 +73,10 @@ def slice_dim(v: TensorValue, dim: int, start: Any, end: Any, step: int, length:
     dim = dim % max(v.ndim, 1)
     n = v.size[dim]
     lo, hi = _clamp_bounds(n, start, end)
+    step = to_sympy(step)  # a symbolic step (``x[::max(n // 3, 1)]``) in Coil's own functions
     if length is None:
-        length = sympy.Max(0, FloorDiv(hi - lo + step - 1, step)) if not (hi - lo).is_number \
-            else sympy.Integer(max(0, (int(hi - lo) + step - 1) // step))
+        length = sympy.Max(0, FloorDiv(hi - lo + step - 1, step)) if not (hi - lo + step).is_number \
+            else sympy.Integer(max(0, (int(hi - lo) + int(step) - 1) // int(step)))
     size = list(v.size)
     size[dim] = length
     if isinstance(v, Realized):
