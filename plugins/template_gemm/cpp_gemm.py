@@ -11,7 +11,8 @@ exactly), zero-pads to whole register tiles, aligns to 64 bytes, and transposes 
 column-major operand VL x VL in registers.
 
 The micro-kernel keeps MR x NR accumulators in vector registers (GCC vector extensions,
-which GCC turns into FMAs at ``-O3 -march=native``) and takes its shape from the ISA the
+multiplied and added by FMA builtins where GCC targets FMA: the kernels are built with
+``-ffp-contract=off``) and takes its shape from the ISA the
 compiler targets, so one source serves every x86 level and other architectures: 12 x 32
 with AVX-512 (24 of 32 zmm registers), 6 x 16 with AVX/AVX2 (12 of 16 ymm), 4 x 8 with
 16-byte vectors elsewhere (which GCC lowers to scalars where a machine has none). Blocks
@@ -77,6 +78,17 @@ typedef float gm_vec __attribute__((vector_size(16)));
 constexpr int64_t MR = 4, NV = 2;
 #endif
 typedef gm_vec gm_vecu __attribute__((aligned(4)));  // unaligned loads and stores
+// c + a * b in one rounding: kernels are built with -ffp-contract=off (eager's roundings between
+// ops), and a product's own accumulation fuses, as a BLAS's does
+#if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
+#define GM_FMA(a, b, c) __builtin_ia32_vfmaddps512_mask((a), (b), (c), (unsigned short)-1, 4)
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__FMA__) && defined(__AVX__)
+#define GM_FMA(a, b, c) __builtin_ia32_vfmaddps256((a), (b), (c))
+#elif defined(__GNUC__) && !defined(__clang__) && defined(__FMA__)
+#define GM_FMA(a, b, c) __builtin_ia32_vfmaddps((a), (b), (c))
+#else
+#define GM_FMA(a, b, c) ((c) + (a) * (b))
+#endif
 constexpr int64_t VL = sizeof(gm_vec) / sizeof(float);
 constexpr int64_t NR = NV * VL;
 constexpr int64_t MC = gm_block_m < MR ? MR : gm_block_m / MR * MR;
@@ -209,7 +221,7 @@ auto micro = [](int64_t kc, const float* __restrict ap, const float* __restrict 
 #pragma GCC unroll 16
     for (int64_t i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-      for (int64_t v = 0; v < NV; ++v) acc[i][v] += ap[i * KC] * b[v];
+      for (int64_t v = 0; v < NV; ++v) acc[i][v] = GM_FMA(ap[i * KC] - gm_vec{}, b[v], acc[i][v]);
   }
 #pragma GCC unroll 16
   for (int64_t i = 0; i < MR; ++i)
