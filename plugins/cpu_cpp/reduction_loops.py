@@ -68,7 +68,10 @@ NARROW = 256
 #: Elements of the outer schedule's innermost reduced dim accumulated into a partial state,
 #: which is then combined into the lane's state: a long sum's rounding error then grows with
 #: CHUNK + n / CHUNK additions rather than n (x.sum(0) of 65536x64 float32: largest error
-#: against a float64 sum 4.8e-3 taking elements one by one, eager's cascade 1.1e-4).
+#: against a float64 sum 4.8e-3 taking elements one by one, eager's cascade 1.1e-4). Past
+#: CHUNK chunks, the partials settle in a second state every CHUNK chunks: 2 CHUNK +
+#: n / CHUNK^2 (a column sum of 2^18 rows was 5-8x further from float64 than eager's: a hunt,
+#: session 37).
 CHUNK = 128
 #: Kernels with at most this many kept points (known statically) use the split schedule,
 #: unless their reduced dims are known to be too short to share among threads: the split
@@ -441,8 +444,8 @@ def _outer(kw: KernelWriter) -> None:
         kw.index_subs = split.substitutions()
         kw.lane_prelude = f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};"
     last, n = names[-1], ranges[-1]
-    arrays = len(k.internal) + sum(2 * len(acc.fields) for loop in k.loops if loop.level == "r"
-                                   for acc in _accumulators(loop).values())  # with the partial states
+    arrays = len(k.internal) + sum(3 * len(acc.fields) for loop in k.loops if loop.level == "r"
+                                   for acc in _accumulators(loop).values())  # with partial, settled states
     widest = max(1, STACK_BYTES // (8 * max(1, arrays)))
     w.line(f"constexpr int64_t {BLOCK} = std::max<int64_t>(coil::OUTER_BLOCK, "
            f"std::min<int64_t>(coil::OUTER_BLOCK_MAX, {1 << (widest.bit_length() - 1)}));")
@@ -517,10 +520,19 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
     inner, n = names.pop(), ranges.pop()
     group = _row_group(n, kept)
     chunked = bool(accs) and not (n.is_number and int(n) <= CHUNK)
+    # past CHUNK chunks, they settle in a mid_ state first (a cascade of three levels)
+    settle = f"chunks_{next(iter(accs))}" if chunked and not (n.is_number and int(n) <= CHUNK * CHUNK) else None
     prefix = "part_" if chunked else "acc_"
     if chunked:
         for acc in accs.values():
             w.lines(acc.declare(prefix, BLOCK))
+    if settle:
+        for acc in accs.values():
+            w.lines(acc.declare("mid_", BLOCK))
+        with _over_block(kw, last):
+            for acc in accs.values():
+                w.lines(acc.init("mid_", "[lane]"))
+        w.line(f"int64_t {settle} = 0;")
     with kw.loops(names, ranges), contextlib.ExitStack() as stack:
         start, end = "0", idx(n)
         if chunked:
@@ -542,4 +554,17 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
         if chunked:
             with _over_block(kw, last):
                 for acc in accs.values():
-                    w.line(acc.combine("acc_", "[lane]", prefix, "[lane]"))
+                    w.line(acc.combine("mid_" if settle else "acc_", "[lane]", prefix, "[lane]"))
+        if settle:  # every CHUNK chunks, the settled partial into the lanes' states
+            with w.block(f"if (++{settle} == {CHUNK}) {{", "}"):
+                w.line(f"{settle} = 0;")
+                _settle_mid(kw, last, accs)
+    if settle:
+        _settle_mid(kw, last, accs)
+
+
+def _settle_mid(kw: KernelWriter, last: str, accs: dict[str, Accumulator]) -> None:
+    with _over_block(kw, last):
+        for acc in accs.values():
+            kw.w.line(acc.combine("acc_", "[lane]", "mid_", "[lane]"))
+            kw.w.lines(acc.init("mid_", "[lane]"))
