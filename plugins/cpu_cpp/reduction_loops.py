@@ -444,8 +444,9 @@ def _outer(kw: KernelWriter) -> None:
         kw.index_subs = split.substitutions()
         kw.lane_prelude = f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};"
     last, n = names[-1], ranges[-1]
-    arrays = len(k.internal) + sum(3 * len(acc.fields) for loop in k.loops if loop.level == "r"
-                                   for acc in _accumulators(loop).values())  # with partial, settled states
+    states = 3 if k.r_ranges and _settles(k.r_ranges[-1]) else 2  # with partial (and settled) states
+    arrays = len(k.internal) + sum(states * len(acc.fields) for loop in k.loops if loop.level == "r"
+                                   for acc in _accumulators(loop).values())
     widest = max(1, STACK_BYTES // (8 * max(1, arrays)))
     w.line(f"constexpr int64_t {BLOCK} = std::max<int64_t>(coil::OUTER_BLOCK, "
            f"std::min<int64_t>(coil::OUTER_BLOCK_MAX, {1 << (widest.bit_length() - 1)}));")
@@ -521,7 +522,7 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
     group = _row_group(n, kept)
     chunked = bool(accs) and not (n.is_number and int(n) <= CHUNK)
     # past CHUNK chunks, they settle in a mid_ state first (a cascade of three levels)
-    settle = f"chunks_{next(iter(accs))}" if chunked and not (n.is_number and int(n) <= CHUNK * CHUNK) else None
+    settle = f"chunks_{next(iter(accs))}" if chunked and _settles(n) else None
     prefix = "part_" if chunked else "acc_"
     if chunked:
         for acc in accs.values():
@@ -561,6 +562,11 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
                 _settle_mid(kw, last, accs)
     if settle:
         _settle_mid(kw, last, accs)
+
+
+def _settles(n: sympy.Expr) -> bool:
+    """Whether an innermost reduced dim of ``n`` elements takes more than CHUNK chunks."""
+    return not (n.is_number and int(n) <= CHUNK * CHUNK)
 
 
 def _settle_mid(kw: KernelWriter, last: str, accs: dict[str, Accumulator]) -> None:
