@@ -165,8 +165,12 @@ def graph_text(gm: torch.fx.GraphModule) -> str:
             target = str(node.target)
         else:
             raise Uncacheable(f"{node.op} node {node.name} (a submodule call)")
+        # the op a node was decomposed from, which the lowering reads (a var_mean of a layer
+        # norm keeps float32 statistics, one called as such float64: two graphs alike but for
+        # it shared an entry, a hunt)
+        origin = node.meta.get("original_aten")
         lines.append(f"{i} {node.op} {target} {_arg(node.args, index)} {_arg(node.kwargs, index)}"
-                     f" :: {_meta(node.meta.get('val'))}")
+                     f" :: {_meta(node.meta.get('val'))}" + (f" from {origin}" if origin is not None else ""))
     return "\n".join(lines)
 
 
@@ -246,7 +250,7 @@ def devices_of(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[
 
     visit(list(example_inputs))
     for node in gm.graph.nodes:
-        visit(node.meta.get("val"))
+        visit(node.meta.get("val", node.meta.get("example_value")))  # an ATen graph's, Dynamo's
         for a in (*node.args, *node.kwargs.values()):
             if isinstance(a, torch.device):
                 found.add(a.type)

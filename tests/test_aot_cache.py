@@ -70,6 +70,25 @@ def test_autocast_graph_runs_with_autocast_off_as_aotautograd_runs_it(traces: li
     assert len(traces) == 2
 
 
+def _made_inside() -> torch.Tensor:
+    a = torch.ones(8, 8) * 1.001
+    return a @ a
+
+
+@pytest.mark.parametrize("first_under_autocast", [False, True])
+def test_autocast_is_in_the_key_of_a_graph_without_tensor_inputs(first_under_autocast: bool) -> None:
+    """The key read autocast for the device types of the graph's values, taken from ATen
+    metadata that Dynamo's graphs do not carry: a graph making its own tensors hit the other
+    autocast state's entry (float32 8.016 under bf16 autocast; a hunt, session 37)."""
+    states = [True, False] if first_under_autocast else [False, True]
+    for on in states:
+        torch._dynamo.reset()
+        with torch.no_grad(), (torch.autocast("cpu", dtype=torch.bfloat16) if on else contextlib.nullcontext()):
+            got, want = torch.compile(_made_inside, backend="coil")(), _made_inside()
+        assert got.dtype == want.dtype == (torch.bfloat16 if on else torch.float32)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def _mutates(x: torch.Tensor) -> torch.Tensor:
     x.add_(1)
     return x * 2

@@ -128,6 +128,22 @@ def test_the_graph_is_in_the_key(cache):
     assert _cached(lambda x: x.cos() + 2, x)
 
 
+def test_the_op_a_node_was_decomposed_from_is_in_the_key(cache):
+    """A layer norm decomposes into the ATen graph of a hand-written var_mean, whose variance
+    the lowering keeps in float64 where a norm's stays float32 (``original_aten``): the second
+    hit the first's entry, 6.5e-3 off eager on ill-conditioned rows (a hunt, session 37)."""
+    def hand(x):
+        var, mean = torch.var_mean(x, [1], correction=0, keepdim=True)
+        r = torch.rsqrt(var + 1e-05)  # in the decomposition's order
+        return (x - mean) * r
+
+    torch.manual_seed(0)
+    x = 10 + torch.randn(4, 4096)
+    assert not _cached(lambda x: torch.nn.functional.layer_norm(x, (4096,)), x)
+    assert not _cached(hand, x)
+    assert _cached(hand, x)
+
+
 def test_constant_tensors_are_in_the_key_by_content(cache):
     x = torch.randn(3)
     assert not _cached(lambda x: x * torch.tensor([1.0, 2.0, 3.0]), x)
