@@ -100,11 +100,17 @@ def test_mean_with_a_dtype_sums_in_that_dtype(f):
     check(f, torch.full((64, 1000), 0.1) + torch.arange(1000) * 1e-3, atol=0, rtol=1e-15)
 
 
+def _ints(low, high, size, seed, dtype=torch.int64):
+    """Made at collection, on the CPU under any default device (a CUDA one refuses the CPU
+    generator)."""
+    return torch.randint(low, high, size, dtype=dtype, generator=torch.Generator().manual_seed(seed), device="cpu")
+
+
 @pytest.mark.parametrize("plugin", ["cpu_cpp", "triton"])
 @pytest.mark.parametrize("f, x", [
-    (lambda x: x.t().amax(-1), torch.randint(-100, 100, (1025, 2), generator=torch.Generator().manual_seed(0))),
-    (lambda x: x.amax(), torch.randint(-100, 100, (3, 1025), dtype=torch.int8, generator=torch.Generator().manual_seed(1))),
-    (lambda x: x.amin(0), torch.randint(-9, 9, (70001, 3), dtype=torch.int32, generator=torch.Generator().manual_seed(2))),
+    (lambda x: x.t().amax(-1), _ints(-100, 100, (1025, 2), 0)),
+    (lambda x: x.amax(), _ints(-100, 100, (3, 1025), 1, torch.int8)),
+    (lambda x: x.amin(0), _ints(-9, 9, (70001, 3), 2, torch.int32)),
 ], ids=["int64_columns", "int8_whole", "int32_long_columns"])
 def test_split_integer_max_and_min(plugin, f, x):
     """A split reduction of an integer max or min: the Triton plugin combined its partials
