@@ -130,7 +130,24 @@ def fold_constants(gm: torch.fx.GraphModule) -> int:
         value = values[node]
         if value.storage_offset() != 0:
             value = value.clone()
-        node.replace_all_uses_with(add_constant(gm, value, node.meta[ORIGIN], node))
+        constant = add_constant(gm, value, node.meta[ORIGIN], node)
+        node.replace_all_uses_with(constant)
+        _fresh_outputs(graph, constant, node)
     graph.eliminate_dead_code()
     gm.recompile()
     return evaluated
+
+
+def _fresh_outputs(graph: torch.fx.Graph, constant: torch.fx.Node, node: torch.fx.Node) -> None:
+    """A folded constant the graph returns is returned as a copy, made at each call, as eager
+    computes a new tensor: the constant itself came back from every call, so a write into one
+    result (``pos += x`` after a graph break, ``out.zero_()``) changed every later one (a hunt,
+    session 37)."""
+    outputs = [u for u in constant.users if u.op == "output"]
+    if not outputs:
+        return
+    with graph.inserting_before(outputs[0]):
+        fresh = graph.call_function(aten.clone.default, (constant,))
+    fresh.meta["val"] = node.meta.get("val")
+    for out in outputs:
+        out.replace_input_with(constant, fresh)

@@ -58,13 +58,30 @@ def _addmm(self: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: 
     float32 one."""
     if self.dim() == 1 and self.is_floating_point() and beta == 1 and alpha == 1:
         return NotImplemented  # not decomposed
+    if not _decomposable(mat1.dtype, beta, alpha):
+        return NotImplemented
     return _scaled_sum(self, torch.mm(mat1, mat2), beta, alpha)
 
 
 def _baddbmm(self: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: Any = 1,
-             alpha: Any = 1) -> torch.Tensor:
+             alpha: Any = 1) -> Any:
     """``beta * self + alpha * (batch1 @ batch2)``, the matmul in the inputs' dtype (as ``_addmm``)."""
+    if not _decomposable(batch1.dtype, beta, alpha):
+        return NotImplemented
     return _scaled_sum(self, torch.bmm(batch1, batch2), beta, alpha)
+
+
+def _decomposable(dtype: torch.dtype, beta: Any, alpha: Any) -> bool:
+    """Whether the sum may round the product first: in float32 and float64 with ``alpha`` and
+    ``beta`` 1, within an ulp of the library's one rounding (as ``coil.matmul_bias`` splits a
+    linear layer's); integers exactly. Other forms stay the library's call, as in eager: a bf16
+    product rounded, scaled and added rounds three times (BLOOM's
+    ``baddbmm(alibi, q, k.mT, alpha=0.125)`` under bf16 autocast differed from eager in 4703 of
+    16384 elements), and ``alpha=0`` must not multiply an inf of the product (eager skips it:
+    a NaN here; a hunt, session 37)."""
+    if not dtype.is_floating_point:
+        return True
+    return dtype in (torch.float32, torch.float64) and alpha == 1 and beta == 1
 
 
 def _scaled_sum(self: torch.Tensor, product: torch.Tensor, beta: Any, alpha: Any) -> torch.Tensor:

@@ -70,6 +70,8 @@ def offer(extern: ir.ExternNode, offered: TemplateOffer) -> ir.TemplateNode | No
         alpha, beta = extern.kwargs.get("alpha", 1), extern.kwargs.get("beta", 1)
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (alpha, beta)):
             return None
+        if alpha == 0:  # the library skips the product (an inf in it times 0 would be NaN)
+            return None
         bias = _broadcast(args.pop(0), out) if beta != 0 else None
         if beta != 0 and bias is None:
             return None

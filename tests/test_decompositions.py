@@ -98,3 +98,41 @@ def test_softmax_multiplies_by_the_reciprocal_and_keeps_empty_inputs_whole():
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert aten.reciprocal.default in targets and aten.div.Tensor not in targets
     assert table()[aten._softmax.default](torch.randn(0, 4), -1, False) is NotImplemented
+
+
+def _exact(fn, *args, **options):
+    torch._dynamo.reset()
+    from coil import config
+    with config.override(**options):
+        got = torch.compile(fn, backend="coil")(*args)
+    want = fn(*args)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("templates", ["auto", "force"])
+def test_addmm_with_alpha_zero_skips_the_product(templates):
+    """Eager's library skips the product when ``alpha`` is 0: an inf in it made NaN rows when
+    the product was computed and multiplied by 0 (a hunt, session 37)."""
+    torch.manual_seed(0)
+    bias, a, b = torch.randn(17), torch.randn(33, 129), torch.randn(129, 17)
+    a[3, 5] = float("inf")
+    _exact(lambda bias, a, b: torch.relu(torch.addmm(bias, a, b, alpha=0)), bias, a, b, templates=templates)
+    _exact(lambda s, x, y: torch.baddbmm(s, x, y, alpha=0, beta=0.5), torch.randn(2, 33, 17),
+           a.expand(2, 33, 129), b.expand(2, 129, 17), templates=templates)
+
+
+def test_scaled_and_half_precision_products_round_once_as_the_library():
+    """``beta * self + alpha * (a @ b)`` decomposed rounds the product, its scaling and the
+    sum apart: BLOOM's ``baddbmm(alibi, q, k.mT, alpha=0.125)`` under bf16 autocast differed
+    from eager in 4703 of 16384 elements, a bf16 ``addmm`` with a 2-D bias by up to 2 ulps;
+    these stay the library's call."""
+    torch.manual_seed(0)
+    q, k, alibi = torch.randn(4, 64, 32), torch.randn(4, 64, 32), torch.randn(4, 64, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _exact(lambda s, q, k: torch.baddbmm(s, q, k.mT, alpha=0.125), alibi, q, k)
+    x, w, r = (torch.randn(64, 64).bfloat16() for _ in range(3))
+    _exact(lambda r, x, w: torch.addmm(r, x, w), r, x, w)
+    x, w, r = torch.randn(64, 64), torch.randn(64, 64), torch.randn(64, 64)
+    _exact(lambda r, x, w: torch.addmm(r, x, w, alpha=0.37, beta=1.3), r, x, w)

@@ -444,3 +444,39 @@ def test_a_gather_beyond_the_limit_is_left_to_the_kernels(monkeypatch: pytest.Mo
     monkeypatch.setattr(constant_fold, "GATHER_LIMIT", 256)  # the bias holds 512 elements
     graph = _frozen_relative_bias()
     assert "0 of 2 parameters held as constants" in graph.frozen, graph.frozen
+
+
+class _Folded(nn.Module):
+    """Returns a value of parameters alone (folded into a constant), and one a later graph
+    writes into after a graph break."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = nn.Parameter(torch.randn(4, 8))
+        self.scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = self.pos * self.scale
+        torch._dynamo.graph_break()
+        pos += x
+        return pos, (self.pos * 2).t()
+
+
+def test_a_folded_constant_returned_is_a_new_tensor_each_call() -> None:
+    """The constant itself came back from every call: the next graph's ``pos += x`` drifted
+    the results call by call, and a caller's write into one result changed the later ones
+    (a hunt, session 37; Inductor's freezing does the same)."""
+    torch.manual_seed(0)
+    net = _Folded().eval()
+    fn = torch.compile(net, backend="coil", options={"freezing": True})
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        first = fn(x)
+        for _ in range(3):
+            got, want = fn(x), net(x)
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+                assert g.stride() == w.stride()
+        assert got[1].data_ptr() != first[1].data_ptr()
+        got[1].zero_()
+        torch.testing.assert_close(fn(x)[1], net(x)[1], rtol=0, atol=0)
