@@ -7,7 +7,7 @@ Usage::
     python bench/models.py [--device cuda|cpu] [--size small|real] [--models a,b]
                            [--modes infer,infer-bf16,train] [--backends eager,inductor,coil]
                            [--accuracy-only] [--json-out FILE] [--markdown-out FILE]
-                           [--timeout 900] [--tf32] [--jobs 1]
+                           [--timeout 900] [--tf32] [--float64-truth] [--jobs 1]
 
 Each (model, mode, compiled backend) runs in its own subprocess with fresh, empty Inductor /
 Triton / Coil cache directories (cold compiles; a crash or hang costs that worker only): eager
@@ -47,7 +47,8 @@ before. The eager figures are the first worker's. Per backend:
   tensor against it (``check.against_float32``): ``worse`` counts those whose relative error
   is more than twice eager bf16's (or 1e-3), ``noise`` those where eager bf16 is itself more
   than 25% off float32 (nothing can be said); the rest are no further from float32 than
-  eager's own bf16 rounding.
+  eager's own bf16 rounding. ``--float64-truth`` judges the float32 modes the same way, by
+  the call in float64.
 
 Sizes: ``real`` is images 64x3x224x224 and text 16x512 at published widths (see
 ``tests/models/zoo.py``); ``small`` is the CI shape (a smoke test of this script).  Float32
@@ -60,6 +61,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -133,6 +135,16 @@ def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextMana
     return contextlib.nullcontext()
 
 
+def _in_float64(built: zoo.Built) -> zoo.Built:
+    """``built`` with its model, floating inputs and training arguments in float64."""
+    def wide(v: Any) -> Any:
+        return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    return dataclasses.replace(built, model=copy.deepcopy(built.model).double(),
+                               args=tuple(wide(a) for a in built.args),
+                               kwargs={k: wide(v) for k, v in built.kwargs.items()},
+                               train_kwargs={k: wide(v) for k, v in built.train_kwargs.items()})
+
+
 def make_step(built: zoo.Built, mode: str, backend: str, device: torch.device
               ) -> tuple[Callable[[], list[tuple[str, torch.Tensor]]], torch.nn.Module]:
     """A call of ``mode`` on a fresh copy of the model through ``backend``; it returns the
@@ -162,8 +174,9 @@ def make_step(built: zoo.Built, mode: str, backend: str, device: torch.device
 def accuracy(actual: list[tuple[str, torch.Tensor]], expected: list[tuple[str, torch.Tensor]],
              tol: check.Tolerance, truth: list[tuple[str, torch.Tensor]] | None = None) -> dict[str, Any]:
     """Smallest cosine, wrong-tensor count and the first wrong names, against eager; with
-    ``truth`` (the step in float32, for bf16 modes) also ``worse``: the wrong tensors that are
-    not as accurate against float32 as eager's, and ``noise`` (``check.against_float32``)."""
+    ``truth`` (the step in float32, for bf16 modes; in float64 with ``--float64-truth``) also
+    ``worse``: the wrong tensors that are not as accurate against it as eager's, and ``noise``
+    (``check.against_float32``)."""
     got = dict(actual)
     diffs = [check.compare(name, got.get(name), ref, tol) for name, ref in expected]
     cosines = [d.cosine for d in diffs if not math.isnan(d.cosine)]
@@ -296,6 +309,11 @@ def worker(args: argparse.Namespace) -> int:
         _, truth = run_backend(built, args.mode.removesuffix("-bf16"), EAGER, device, clock, None, 0, True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    elif args.float64_truth:  # the same first call in float64, eager: what float32 rounds
+        torch._dynamo.reset()
+        _, truth = run_backend(_in_float64(built), args.mode, EAGER, device, clock, None, 0, True)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     backends = [EAGER] + [b for b in args.backends.split(",") if b != EAGER]
     for backend in backends:
         emit({"kind": "start", "backend": backend})
@@ -327,7 +345,7 @@ def spawn(args: argparse.Namespace, model: str, mode: str, backends: str) -> dic
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--model", model, "--modes", mode,
            "--device", args.device, "--size", args.size, "--backends", backends,
            "--iters", str(args.iters)] + (["--accuracy-only"] if args.accuracy_only else []) + (
-           ["--tf32"] if args.tf32 else [])
+           ["--tf32"] if args.tf32 else []) + (["--float64-truth"] if args.float64_truth else [])
     root = tempfile.mkdtemp(prefix="coil-models-")
     env = {**os.environ, **common.cache_env(root)}
     if args.jobs > 1:
@@ -385,8 +403,9 @@ def table(records: Sequence[dict[str, Any]], backends: Sequence[str]) -> list[st
             elif r.get("wrong"):
                 note = f"{b}: {r['wrong']}/{r['compared']} wrong, first {r['first_wrong'][0]}"
                 if "worse" in r:
-                    note += (f"; against float32: {r['wrong'] - r['worse'] - r['noise']} as accurate as eager, "
-                             f"{r['noise']} bf16 noise in eager too, {r['worse']} worse"
+                    truth = "float32" if rec["mode"].endswith("-bf16") else "float64"
+                    note += (f"; against {truth}: {r['wrong'] - r['worse'] - r['noise']} as accurate as eager, "
+                             f"{r['noise']} where eager itself is >25% off, {r['worse']} worse"
                              + (f" (first {r['first_worse'][0]})" if r["worse"] else ""))
                 notes.append(note)
         rows.append([rec["model"], rec["mode"],
@@ -413,6 +432,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=10, help="timed calls per backend (after 2 warm-up calls)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per worker")
     p.add_argument("--tf32", action="store_true", help="float32 matmuls in TF32 (eager and compiled)")
+    p.add_argument("--float64-truth", action="store_true",
+                   help="float32 modes: also run the first call eagerly in float64 and judge each tensor "
+                        "outside the tolerance by it, as bf16 modes are judged by float32")
     p.add_argument("--keep-tuning", metavar="DIR",
                    help="copy each worker's Triton tuning results and kernel sources to DIR/<model>-<mode>")
     p.add_argument("--json-out", help="write the results as JSON here")
