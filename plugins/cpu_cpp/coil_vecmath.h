@@ -38,8 +38,8 @@ inline float scale_by_rounded_(float p, float rounded) {
 }
 
 // 2^(a b) for a b in [-125, 0], the product unrounded: fused into the add that rounds it to
-// an integer j and into the fraction f = a b - j (the code is built with -ffp-contract=off;
-// the error measured below is that of these fused forms).
+// an integer j and into the fraction f = a b - j, whatever -ffp-contract says (the error
+// measured below is that of these fused forms).
 inline float exp2_of_product_(float a, float b) {
   const float magic = 12582912.0f;  // 0x1.8p23: adding it rounds a b to an integer j
   float rounded = std::fma(a, b, magic);

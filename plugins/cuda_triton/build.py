@@ -45,11 +45,7 @@ def compile_for(fn: Any, src: KernelSource, cfg: Config, target: Any = None, ali
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_ptrs)} if aligned else {}
     sig, constexprs = signature(src, reduction), cfg.constexprs(reduction)
     ast = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
-    # no FMA contraction: a product and a sum of two ops stay two roundings, as in eager's
-    # kernels, one per op (relu(a * b + c) at a = 0.1, b = 10, c = -1 is 0 there and
-    # 1.49e-8 contracted: a gradient of 0 becomes 10); the interpreter never contracted
-    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "debug": debug,
-               "enable_fp_fusion": False}
+    options = {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages, "debug": debug}
     if debug:  # the bounds checks' asserts only: Coil's integer arithmetic wraps on purpose
         options["sanitize_overflow"] = False
     indexed = None

@@ -11,8 +11,8 @@ exactly), zero-pads to whole register tiles, aligns to 64 bytes, and transposes 
 column-major operand VL x VL in registers.
 
 The micro-kernel keeps MR x NR accumulators in vector registers (GCC vector extensions,
-multiplied and added by FMA builtins where GCC targets FMA: the kernels are built with
-``-ffp-contract=off``) and takes its shape from the ISA the
+multiplied and added by FMA builtins where GCC targets FMA, so a build with
+``-ffp-contract=off`` keeps them) and takes its shape from the ISA the
 compiler targets, so one source serves every x86 level and other architectures: 12 x 32
 with AVX-512 (24 of 32 zmm registers), 6 x 16 with AVX/AVX2 (12 of 16 ymm), 4 x 8 with
 16-byte vectors elsewhere (which GCC lowers to scalars where a machine has none). Blocks
@@ -78,8 +78,8 @@ typedef float gm_vec __attribute__((vector_size(16)));
 constexpr int64_t MR = 4, NV = 2;
 #endif
 typedef gm_vec gm_vecu __attribute__((aligned(4)));  // unaligned loads and stores
-// c + a * b in one rounding: kernels are built with -ffp-contract=off (eager's roundings between
-// ops), and a product's own accumulation fuses, as a BLAS's does
+// c + a * b in one rounding, whatever -ffp-contract says (a product's own accumulation fuses, as
+// a BLAS's does)
 #if defined(__GNUC__) && !defined(__clang__) && defined(__AVX512F__)
 #define GM_FMA(a, b, c) __builtin_ia32_vfmaddps512_mask((a), (b), (c), (unsigned short)-1, 4)
 #elif defined(__GNUC__) && !defined(__clang__) && defined(__FMA__) && defined(__AVX__)
