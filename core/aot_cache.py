@@ -41,6 +41,7 @@ from torch._functorch import config as functorch_config
 from torch._functorch._aot_autograd.schemas import OutputType
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from . import plugins
 from .graph_key import GraphKey, Uncacheable, devices_of, graph_key
 from .sdk.diskcache import DiskCache
 
@@ -177,7 +178,6 @@ def state_text(device_types: Sequence[str]) -> str:
 
 
 def _served_device_types() -> list[str]:
-    from . import plugins
     return list(plugins.registry().backends)
 
 
