@@ -145,10 +145,10 @@ def state_text(device_types: Sequence[str]) -> str:
              f"/{torch.is_deterministic_algorithms_warn_only_enabled()}",
              f"autocast_cache={torch.is_autocast_cache_enabled()}",
              f"matmul_precision={torch.get_float32_matmul_precision()}"]
-    # every device type's autocast, not only those of the graph's values: a graph that makes its
-    # tensors (no tensor input) or moves them by a string device is no less under autocast
-    # (a graph of ``torch.ones(8, 8) @ ...`` hit its float32 entry under bf16 autocast: a hunt)
-    for device_type in sorted({*device_types, "cpu", "cuda", *_served_device_types()}):
+    # every served device type's autocast, not only those of the graph's values: a graph that
+    # makes its tensors (no tensor input) or moves them by a string device is no less under
+    # autocast (a graph of ``torch.ones(8, 8) @ ...`` hit its float32 entry under bf16 autocast: a hunt)
+    for device_type in sorted({*device_types, *plugins.registry().backends}):
         try:
             enabled, dtype = torch.is_autocast_enabled(device_type), torch.get_autocast_dtype(device_type)
         except (RuntimeError, TypeError):  # a device type without autocast
@@ -175,10 +175,6 @@ def state_text(device_types: Sequence[str]) -> str:
         except (AttributeError, RuntimeError):  # not in this build of torch
             parts.append(f"{name}=?")
     return "\n".join(parts)
-
-
-def _served_device_types() -> list[str]:
-    return list(plugins.registry().backends)
 
 
 def key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], config: Any, reg: Any) -> GraphKey | None:
