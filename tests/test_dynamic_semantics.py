@@ -133,3 +133,27 @@ def test_symbolic_int_arguments(name):
         for n in (-7, 5, 2, 9):
             torch.testing.assert_close(compiled(x, n), fn(x, n))
     torch._dynamo.reset()
+
+
+CHANNELS_LAST_UNDER_SYMBOLS = {
+    "conv_relu": lambda x, w: torch.nn.functional.conv2d(x, w).relu(),
+    "conv_relu_": lambda x, w: torch.nn.functional.conv2d(x, w).relu_(),
+    "conv_add": lambda x, w: torch.nn.functional.conv2d(x, w, padding=1) + x,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHANNELS_LAST_UNDER_SYMBOLS))
+def test_channels_last_strides_of_symbolic_sizes(name):
+    """Eager's channels-last strides of a symbolic size hold ``Max(1, n)``: they are dense, and
+    a result computed from a channels-last convolution keeps them (found by a hunt, session
+    37: Coil returned contiguous strides under ``dynamic=True``, equal values)."""
+    fn = CHANNELS_LAST_UNDER_SYMBOLS[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="coil", dynamic=True)
+    w = torch.randn(4, 4, 3, 3)
+    for n, hw in ((2, 8), (3, 11), (1, 5)):
+        x = torch.randn(n, 4, hw, hw).to(memory_format=torch.channels_last)
+        got, want = compiled(x, w), fn(x, w)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+    torch._dynamo.reset()

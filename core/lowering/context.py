@@ -151,8 +151,10 @@ def layout_from_meta(meta: Any) -> Layout | None:
 
 def _is_dense(size: Sequence[Expr], stride: Sequence[Expr]) -> bool:
     """Whether the strides are a permutation of contiguous ones, symbolic strides included:
-    from the innermost dim out, some dim's stride must equal the product of the sizes within."""
-    dims = [(st, n) for n, st in zip(size, stride) if n != 1]
+    from the innermost dim out, some dim's stride must equal the product of the sizes within.
+    A stride's ``Max(1, n)`` (eager's channels-last strides of symbolic sizes) counts as ``n``:
+    they differ only where a size is 0, and nothing is stored there."""
+    dims = [(_at_least_one_dropped(st), n) for n, st in zip(size, stride) if n != 1]
     expected: Expr = sympy.Integer(1)
     while dims:
         for i, (st, n) in enumerate(dims):
@@ -163,6 +165,13 @@ def _is_dense(size: Sequence[Expr], stride: Sequence[Expr]) -> bool:
         dims.pop(i)
         expected = expected * n
     return True
+
+
+def _at_least_one_dropped(e: Expr) -> Expr:
+    """``e`` with each ``Max(1, n)`` in it replaced by ``n``."""
+    return sympy.sympify(e).replace(
+        lambda a: isinstance(a, sympy.Max) and len(a.args) == 2 and sympy.Integer(1) in a.args,
+        lambda a: next(x for x in a.args if x != 1))
 
 
 def require_capability(device: torch.device, feature: str, op: str) -> None:
