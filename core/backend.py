@@ -52,10 +52,27 @@ def _partition_fn() -> Any:
             eliminate_common_subexpressions(joint_module)
         narrow_saved_indices(joint_module)
         pad_joint_gemms(joint_module)
-        with functorch_config.patch(cse=False):
+        with functorch_config.patch(cse=False, activation_memory_budget=_memory_budget(joint_module)):
             return partition_safely(functools.partial(partition_smaller, base), joint_module, *args, **kwargs)
 
     return partition
+
+
+def _memory_budget(joint_module: torch.fx.GraphModule) -> float:
+    """The partitioner's ``activation_memory_budget``, but 1.0 where the joint graph draws
+    random numbers: below 1 torch's solver may recompute a random op in the backward graph,
+    which then draws other numbers than the forward did (dropout's gradient through another
+    mask, on every backend; pytorch/pytorch#190758, found by a hunt in session 38)."""
+    budget = functorch_config.activation_memory_budget
+    if budget >= 1.0:
+        return budget
+    seeded = torch.Tag.nondeterministic_seeded
+    if not any(n.op == "call_function" and seeded in getattr(n.target, "tags", ())
+               for n in joint_module.graph.nodes):
+        return budget
+    log.warning("coil: activation_memory_budget=%s ignored for a graph with random ops (torch's partitioner "
+                "would recompute them in the backward with other numbers); partitioned with 1.0", budget)
+    return 1.0
 
 
 _warmed: set[str] = set()

@@ -37,7 +37,9 @@ EXTRA = [
 #: Ops Coil lowers natively and better than their decomposition.
 KEEP = [aten.var_mean.correction, aten.var.correction, aten.std.correction, aten.mean.dim,
         aten.mean.default, aten.index_select.default, aten.clamp_min,
-        aten.clamp_max]
+        aten.clamp_max,
+        # ``rand_like(p) < p`` fires at 2^-24 for any p above 0; Coil's lowering is exact
+        aten.bernoulli.default]
 
 #: Ops whose decomposition must never run: their backward is an ATen kernel that reads the
 #: forward's saved outputs, so forward and backward have to be the same library op. PyTorch's

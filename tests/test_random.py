@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch._functorch import config as functorch_config
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import coil
@@ -180,6 +181,62 @@ def test_bernoulli_rates(plugin):
         assert _sigmas(chunks[1].mean().item(), 0.25, math.sqrt(0.25 * 0.75 / chunks.shape[1])) < 5
 
 
+def _two_draw_hits(seed: torch.Tensor, n: int, p: torch.Tensor) -> torch.Tensor:
+    """Where a probability ``p`` (float32) fires from the two draws at counters ``[0, n)`` and
+    ``[n, 2n)``: bucket ``k`` of the first below ``p * 2^24``'s whole part, or at it with the
+    second draw below its fraction (``coil.lowering.random._exactly_below``)."""
+    k = philox_rand(seed, torch.arange(n)) * 2.0 ** 24
+    scaled = p * 2.0 ** 24
+    whole = scaled.floor()
+    return (k < whole) | ((k == whole) & (philox_rand(seed, torch.arange(n) + n) < scaled - whole))
+
+
+def test_a_probability_between_two_buckets_fires_at_its_rate(plugin):
+    """One 24-bit draw fires with probability ``ceil(p * 2^24) / 2^24``: any ``p`` above 0 at
+    least 2^-24 (a Bernoulli of 1e-9 fired 60 times too often; found by a hunt, session 38).
+    Here each element's probability lies half a bucket above its own first draw, so one draw
+    fires everywhere and two draws on about half; bit for bit against the reference."""
+    n = 1 << 14
+    torch.manual_seed(9)
+    seed = _seed_after(9)
+    first = philox_rand(seed, torch.arange(n))
+    p = torch.where(first < 0.5, first + 2.0 ** -25, first)  # exact: first < 0.5 has ulp <= 2^-25
+    torch.manual_seed(9)
+    got = torch.compile(lambda p: torch.bernoulli(p), backend="coil")(p)
+    expected = _two_draw_hits(seed, n, p)
+    assert torch.equal(got, expected.float())
+    assert 0.3 < got[first < 0.5].mean() < 0.7
+
+
+def test_a_small_scalar_probability_uses_two_draws(plugin):
+    """A number ``p`` below 2^-8 (Bernoulli, or dropout's keep probability) is drawn the same
+    way, bit for bit; p = 1e-9 over 2^16 elements fires nowhere here."""
+    n = 1 << 16
+    for p in (2.0 ** -9 + 2.0 ** -25, 1e-9):
+        torch.manual_seed(4)
+        got = torch.compile(lambda x: torch.bernoulli(x, p), backend="coil")(torch.empty(n))
+        expected = _two_draw_hits(_seed_after(4), n, torch.tensor(p, dtype=torch.float32))
+        assert torch.equal(got, expected.float())
+    assert got.sum() == 0
+
+
+def test_uniform_never_returns_its_upper_bound(plugin):
+    """``low + (high - low) * u`` rounds up to ``high`` where ``low`` is large against the
+    width (122 of 4 million values for [1000, 1001)); eager's kernels give ``low`` there."""
+    out = torch.compile(lambda x: x.uniform_(1000, 1001), backend="coil")(torch.zeros(1 << 20))
+    assert out.max() < 1001 and out.min() >= 1000
+
+
+@pytest.mark.parametrize("bounds", [(5.0, 2.0), (0.0, math.inf), (math.nan, 1.0), (-3e38, 3e38)], ids=str)
+def test_uniform_bounds_eager_refuses_raise(plugin, bounds):
+    """Found by a hunt (session 38): Coil drew numbers where eager raises."""
+    with pytest.raises(RuntimeError, match="uniform_|out of bounds"):
+        torch.zeros(16).uniform_(*bounds)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="uniform_|out of bounds"):
+        torch.compile(lambda x: x.uniform_(*bounds), backend="coil")(torch.zeros(16))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_dropout_keeps_one_minus_p_and_scales_as_eager(plugin, dtype):
     """Kept elements equal eager's kept elements bit for bit (``x * mask * scale`` with the
@@ -323,3 +380,24 @@ def test_symbolic_sizes_claim_disjoint_counters(plugin):
         seed = _seed_after(2)
         assert torch.equal(a, philox_rand(seed, torch.arange(n)))
         assert torch.equal(b, philox_rand(seed, torch.arange(n) + n))
+
+
+@pytest.mark.parametrize("budget", [0.5, 0.0])
+def test_a_memory_budget_never_recomputes_a_random_op(plugin, budget):
+    """Below an ``activation_memory_budget`` of 1, torch's partitioner may recompute a random
+    op in the backward graph, which draws other numbers (pytorch/pytorch#190758: every backend
+    gave gradients through another mask; found by a hunt, session 38). Coil partitions such a
+    graph with a budget of 1."""
+    def fn(x):
+        return (x * torch.rand(x.shape)).sin(), F.dropout(x, 0.4).cos()
+
+    torch._dynamo.reset()
+    x = (torch.rand(4096) + 0.5).requires_grad_()
+    with functorch_config.patch(activation_memory_budget=budget):
+        y, z = torch.compile(fn, backend="coil")(x)
+        (y.sum() + z.sum()).backward()
+    xd = x.detach()
+    r = torch.asin(y.detach()) / xd
+    mask = (torch.acos(z.detach()) / xd)  # 1 / (1 - p) where kept, 0 where dropped
+    implied = torch.cos(xd * r) * r - torch.sin(xd * mask) * mask
+    torch.testing.assert_close(x.grad, implied, rtol=1e-4, atol=1e-4)

@@ -171,11 +171,24 @@ def _randn(ctx: LoweringContext, *args: Any, **kwargs: Any) -> TensorValue:
 @lowering(aten.uniform.default)
 def _uniform(ctx: LoweringContext, x: TensorValue, low: Any = 0.0, high: Any = 1.0, *,
              generator: Any = None) -> TensorValue:
-    """``Tensor.uniform_(low, high)``, functionalized: ``low + (high - low) * u`` in float32."""
+    """``Tensor.uniform_(low, high)``, functionalized: ``low + (high - low) * u`` in float32;
+    a value that rounds to ``high`` in ``x``'s dtype becomes ``low``, as eager's kernels make
+    it (the range is ``[low, high)``). Bounds eager refuses (reversed, not finite, outside
+    the dtype's range, a width beyond its largest number) stay with ATen, which raises."""
     _no_generator(ctx, generator)
     _generated_dtype(ctx, x.dtype)
-    width = float(_number(ctx, high)) - float(_number(ctx, low))
-    return _affine_draw(ctx, x, "rand", width, low)
+    lo, hi = _number(ctx, low), _number(ctx, high)
+    largest = torch.finfo(x.dtype).max
+    if not (-largest <= lo <= hi <= largest and hi - lo <= largest):
+        raise LoweringError(ctx.origin, f"uniform_({lo}, {hi}) on {x.dtype}: eager raises")
+    drawn = _affine_draw(ctx, x, "rand", hi - lo, lo)
+    top, bottom = const(hi, x.dtype), const(lo, x.dtype)
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        v = drawn.load(idx)
+        return ir.Op(x.dtype, name="where", args=(ir.Op(torch.bool, name="eq", args=(v, top)), bottom, v))
+
+    return lazy(x.dtype, x.device, x.size, fn)
 
 
 @lowering(aten.normal_functional.default)
@@ -207,13 +220,45 @@ def _number(ctx: LoweringContext, value: Any) -> float:
     return float(value)
 
 
+#: A probability below this is compared against two draws (:func:`_exactly_below`); one
+#: 24-bit draw fires with probability ``ceil(p * 2^24) / 2^24``, off by up to 2^-24.
+_ONE_DRAW_FROM = 2.0 ** -8
+
+
 def _below(ctx: LoweringContext, device: torch.device, size: Sequence[Expr], p: float) -> Body:
-    """Per element, whether a uniform draw falls below ``p`` (True with probability ``p``, to
-    2^-24); no draw at all for ``p`` 0 or 1."""
+    """Per element, whether a uniform draw falls below ``p`` (True with probability ``p``: to
+    2^-24 relative from :data:`_ONE_DRAW_FROM` up, exactly below it); no draw at all for
+    ``p`` 0 or 1."""
     if p in (0.0, 1.0):
         return lambda idx: ir.Const(torch.bool, value=p == 1.0)
+    if p < _ONE_DRAW_FROM:
+        return _exactly_below(ctx, device, size, lambda idx: const(p, torch.float32))
     draw = draws(ctx, "rand", device, size)
     return lambda idx: ir.Op(torch.bool, name="lt", args=(draw(idx), const(p, torch.float32)))
+
+
+def _exactly_below(ctx: LoweringContext, device: torch.device, size: Sequence[Expr], p: Body) -> Body:
+    """Per element, True with probability ``p(idx)`` (a float32 in [0, 1]) from two draws: the
+    first, ``k / 2^24``, picks one of 2^24 buckets; ``p * 2^24`` has ``n`` whole buckets below
+    it and a part ``f`` of one more, so the element fires where ``k < n``, or where ``k == n``
+    and the second draw is below ``f``. One draw alone (``u < p``) fires at a rate of 2^-24
+    for any ``p`` above 0 (``u`` is 0 that often): a Bernoulli of probability 1e-9 fired 60
+    times too often (found by a hunt, session 38)."""
+    first, second = draws(ctx, "rand", device, size), draws(ctx, "rand", device, size)
+    f32 = torch.float32
+
+    def fn(idx: list[Expr]) -> ir.Value:
+        scaled = ir.Op(f32, name="mul", args=(p(idx), const(2.0 ** 24, f32)))
+        whole = ir.Op(f32, name="floor", args=(scaled,))
+        part = ir.Op(f32, name="sub", args=(scaled, whole))
+        k = ir.Op(f32, name="mul", args=(first(idx), const(2.0 ** 24, f32)))
+        under = ir.Op(torch.bool, name="lt", args=(k, whole))
+        at = ir.Op(torch.bool, name="eq", args=(k, whole))
+        within = ir.Op(torch.bool, name="lt", args=(second(idx), part))
+        return ir.Op(torch.bool, name="logical_or",
+                     args=(under, ir.Op(torch.bool, name="logical_and", args=(at, within))))
+
+    return fn
 
 
 @lowering(aten.bernoulli.p)
@@ -227,6 +272,12 @@ def _bernoulli_p(ctx: LoweringContext, x: TensorValue, p: Any = 0.5, *,
     return lazy(meta.dtype, x.device, x.size, lambda idx: cast(keep(idx), meta.dtype))
 
 
+@lowering(aten.bernoulli.default)
+def _bernoulli(ctx: LoweringContext, p: TensorValue, *, generator: Any = None) -> TensorValue:
+    """``torch.bernoulli(p)``: 1 with probability ``p``, in ``p``'s dtype."""
+    return _bernoulli_tensor(ctx, p, p, generator=generator)
+
+
 @lowering(aten.bernoulli.Tensor)
 def _bernoulli_tensor(ctx: LoweringContext, x: TensorValue, p: TensorValue, *,
                       generator: Any = None) -> TensorValue:
@@ -238,15 +289,8 @@ def _bernoulli_tensor(ctx: LoweringContext, x: TensorValue, p: TensorValue, *,
     if not p.dtype.is_floating_point:
         raise LoweringError(ctx.origin, f"probabilities of dtype {p.dtype}")
     probs = broadcast_to(p, x.size)
-    opnd = compute_dtype(p.dtype)
-    draw = draws(ctx, "rand", x.device, x.size)
-
-    def fn(idx: list[Expr]) -> ir.Value:
-        below = (cast(draw(idx), opnd), cast(probs.load(idx), opnd))
-        hit = ir.Op(torch.bool, name="lt", args=below)
-        return cast(hit, meta.dtype)
-
-    return lazy(meta.dtype, x.device, x.size, fn)
+    hit = _exactly_below(ctx, x.device, x.size, lambda idx: cast(probs.load(idx), torch.float32))
+    return lazy(meta.dtype, x.device, x.size, lambda idx: cast(hit(idx), meta.dtype))
 
 
 def _scale(keep_prob: float, dtype: torch.dtype) -> float:
