@@ -18,6 +18,7 @@ from .compile import compile_graph, load_compiled, pad_joint_gemms, report_eager
 from .eager_only import overlapping_input
 from .cse import eliminate_common_subexpressions
 from .decompositions import table
+from .dynamo_rewrites import restore_fused_updates
 from .embedding_partition import partition_smaller
 from .errors import ConfigError
 from .full_masks import simplify_masks
@@ -193,6 +194,7 @@ def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode:
     _warm_up(example_inputs)
     graph_module = gm.gm if isinstance(gm, torch._dynamo.utils.GmWrapper) else gm  # flattened inputs
     keep_whole(graph_module)  # ops whose decomposition is wrong stay ATen calls (coil.kept_whole)
+    restore_fused_updates(graph_module)  # Dynamo's addcdiv/addcmul rewrites undone (coil.dynamo_rewrites)
     if cfg.attention_rewrite:  # on the torch-level graph: the backward then comes from autograd
         rewrite_attention(graph_module)
         simplify_masks(graph_module)

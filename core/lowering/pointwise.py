@@ -237,8 +237,21 @@ def _div_mode(ctx: LoweringContext, a: Any, b: Any, *, rounding_mode: str | None
     if out.is_floating_point:
         if rounding_mode == "floor":
             return floor_divide_float(a, b, out)
+        if _divides_as_a_scalar(b):
+            # eager's CPU kernels divide by a number (or a 0-d CPU tensor) in float32 and
+            # round once; by a tensor, a half type's quotient is rounded before ``trunc``
+            return pointwise("trunc", [pointwise("truediv", [a, b], compute_dtype(out))], out)
         return pointwise("trunc", [pointwise("truediv", [a, b], out)], out)
     return pointwise("floordiv" if rounding_mode == "floor" else "truncdiv", [a, b], out)
+
+
+def _divides_as_a_scalar(b: Any) -> bool:
+    """Whether eager divides by ``b`` as by a number: a number, or a 0-d tensor of a device
+    whose eager kernels read it so (not where ``Capabilities.zero_dim_operands_cast``: CUDA's
+    cast it to the other operand's type, as a tensor)."""
+    if isinstance(b, TensorValue):
+        return len(b.size) == 0 and not capability(b.device, "zero_dim_operands_cast", False)
+    return isinstance(b, (int, float)) and not isinstance(b, bool)
 
 
 @lowering(aten.floor_divide)

@@ -274,9 +274,11 @@ def _welford(ctx: LoweringContext, x: TensorValue, dim: Any, correction: Any, ke
     dims = _dims(x, dim)
     count = ir.sympy_product([x.size[d] for d in dims]) if x.ndim else sympy.Integer(1)
     acc = compute_dtype(out)
-    if acc == torch.float32 and out == torch.float32 and _called_as_variance(ctx) \
+    if acc == torch.float32 and _called_as_variance(ctx) \
             and capability(x.device, "float32_variance_in_float64", False):
-        acc = torch.float64  # the device's eager var/std keep a double state (its norms do not)
+        # the device's eager var/std keep a double state (its norms do not), for half types
+        # too: a bf16 variance of values near 1e19 is finite there, inf in float32
+        acc = torch.float64
     mean, m2 = reduce(ctx, x, dims, keepdim, "welford", acc, acc=acc)
     corr = 1 if correction is None else correction
 

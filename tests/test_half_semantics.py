@@ -1,0 +1,72 @@
+"""bfloat16 and float16 results as eager's CPU kernels give them (found by a hunt, session 38):
+Dynamo's rewrites of ``addcdiv``/``addcdiv_``/``addcmul_`` with a ``value`` undone (they rounded
+after each op; ``coil.dynamo_rewrites``), a truncating division by a number computed in
+float32 and rounded once, and a bf16 variance of large values kept finite (a float64 state, as
+eager's CPU ``var``). CPU tensors: eager's CUDA kernels compute some of these otherwise (a
+division by a number as a product with its reciprocal)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TEST_BACKEND
+from helpers import cpu_tensors
+
+HALF = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def _cpu():
+    with cpu_tensors():
+        yield
+
+
+def _operands(dtype: torch.dtype, n: int = 4096) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    c = (torch.randn(n, generator=g) + 2).to(dtype)
+    return a, b, c
+
+
+UPDATES = {
+    "addcdiv_value": lambda a, b, c: torch.addcdiv(a, b, c, value=0.3),
+    "addcdiv_method": lambda a, b, c: a.clone().addcdiv_(b, c, value=-0.3),
+    # Adam's update of its second moment (torch.optim under Dynamo computes its step with
+    # tensors, a formula other than eager's, so a whole step is not compared)
+    "addcmul_method": lambda a, b, c: a.clone().mul_(0.999).addcmul_(b, b, value=0.001),
+    "addcdiv_no_value": lambda a, b, c: torch.addcdiv(a, b, c),
+    # what the user wrote op by op keeps eager's rounding after each op
+    "written_out": lambda a, b, c: a + 0.3 * (b / c),
+    "written_out_torch": lambda a, b, c: torch.add(a, torch.mul(torch.div(b, c), 0.3)),
+}
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("name", sorted(UPDATES))
+def test_fused_updates_round_once_as_eager(name, dtype):
+    fn = UPDATES[name]
+    args = _operands(dtype)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="coil")(*args)
+    assert torch.equal(got, fn(*args))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_truncating_division_by_a_number(dtype):
+    a, b, _ = _operands(dtype)
+    a = a * 4
+    for fn in (lambda a, b: torch.div(a, 0.7, rounding_mode="trunc"),
+               lambda a, b: torch.div(a, torch.tensor(0.7), rounding_mode="trunc"),
+               lambda a, b: torch.div(a, b, rounding_mode="trunc")):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(fn, backend="coil")(a, b), fn(a, b))
+
+
+@pytest.mark.skipif(TEST_BACKEND == "triton", reason="CUDA's eager var keeps a float32 state, as the Triton plugin")
+def test_bf16_variance_of_large_values_is_finite():
+    x = torch.tensor([1.2e19, -1.2e19, 1.2e19, -1.2e19]).bfloat16()
+    for fn in (lambda x: x.var(), lambda x: x.std(0), lambda x: torch.var_mean(x)[0]):
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="coil")(x)
+        assert torch.isfinite(got) and torch.equal(got, fn(x))
