@@ -6,7 +6,10 @@ such launches per call on the H200. This pass calls the convolution without its 
 adds the bias, viewed as ``(1, C, 1, ...)``, as a graph op; the add then fuses into the
 kernel that consumes the convolution (the activation, a batch norm, a residual). The values
 are those of a library that adds the bias after the convolution (ATen's CUDA path): the
-convolution's result, rounded to its dtype, plus the bias.
+convolution's result, rounded to its dtype, plus the bias. A float16 or bfloat16 convolution
+on a device whose eager kernel adds the bias itself, rounding once
+(``Capabilities.half_conv_bias_in_kernel``: ATen's CPU path), keeps its bias (split, 332 of
+1024 bf16 elements differed from eager's by an ulp: found by a hunt, session 38).
 
 Device-neutral; it applies to every convolution whose bias has the output's dtype."""
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 import torch.fx
 
 from .graph_edit import caller, settled
+from .lowering.context import capability
 
 log = logging.getLogger(__name__)
 aten = torch.ops.aten
@@ -38,6 +42,8 @@ def _splittable(node: torch.fx.Node) -> bool:
     if node.kwargs or not isinstance(bias, torch.fx.Node) or not isinstance(out, torch.Tensor):
         return False
     b = bias.meta.get("val")
+    if out.dtype in (torch.float16, torch.bfloat16) and capability(out.device, "half_conv_bias_in_kernel", False):
+        return False
     return (isinstance(b, torch.Tensor) and b.dim() == 1 and b.dtype == out.dtype
             and isinstance(b.shape[0], int) and out.dim() >= 3 and out.shape[1] == b.shape[0])
 

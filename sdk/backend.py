@@ -128,6 +128,12 @@ class Capabilities:
     #: False: such an operand is read as a Python number is, as eager's CPU kernels read a 0-d
     #: CPU tensor (SDK 1.14.0). Default False.
     zero_dim_operands_cast: bool = False
+    #: Whether eager's convolution on this device adds a float16 or bfloat16 bias inside its
+    #: kernel, rounding once (ATen's CPU path through oneDNN): the core then leaves such a
+    #: convolution's bias in the call. False: the core adds it as a pointwise op that fuses
+    #: with the convolution's consumer, rounding the convolution's result first, as ATen's CUDA
+    #: path adds it after cuDNN's kernel (:mod:`coil.conv_bias`; SDK 1.15.0). Default False.
+    half_conv_bias_in_kernel: bool = False
     #: Template dialects (``"triton"``, ``"cpp"``) the backend embeds in kernels, writing the
     #: fused epilogue after the template's code (:mod:`coil.sdk.templates`); the core offers
     #: matrix products to the templates of those dialects (SDK 0.9.0). Default: none.

@@ -294,6 +294,12 @@ HISTORY: tuple[Release, ...] = (
                "before computing (CUDA's kernels) declares True, and the core casts such operands "
                "of arithmetic ops first (the Triton plugin)"),
     )),
+    Release("1.15.0", (
+        Change("Capabilities.half_conv_bias_in_kernel (default False): a backend whose eager "
+               "convolution adds a float16 or bfloat16 bias inside its kernel, rounding once "
+               "(ATen's CPU path), declares True, and the core leaves such a convolution's bias in "
+               "the call instead of adding it as a pointwise op (the C++ plugin)"),
+    )),
 )
 
 #: The API version this Coil provides.

@@ -13,7 +13,8 @@ __version__ = "0.1.0"
 
 @sdk.hookimpl
 def coil_api_version() -> str:
-    # 1.12.0: builds host programs (Capabilities.host_programs); 1.11.0: declares Capabilities.half_add_scalars_rounded (eager's CPU add and sub round a
+    # 1.15.0: declares Capabilities.half_conv_bias_in_kernel (eager's CPU convolution adds a
+    # half-type bias in oneDNN's kernel); 1.12.0: builds host programs (Capabilities.host_programs); 1.11.0: declares Capabilities.half_add_scalars_rounded (eager's CPU add and sub round a
     # scalar and alpha to a half tensor's type); 1.10.0: declares Capabilities.float32_variance_in_float64 (eager's CPU var/std run
     # in double); 1.9.0: declares Capabilities.float32_scans_in_float64 (eager's CPU scans run in double);
     # 1.8.0: declares Capabilities.gemm_bias_epilogue False (ATen's CPU addmm copies the
@@ -27,7 +28,7 @@ def coil_api_version() -> str:
     # capture signature (declines), DiskCache's layer/remote/count arguments,
     # export_module/import_module, DeviceBackend.Options, coil.sdk.canonical,
     # Capabilities.random, Capabilities.inplace_reductions, template_dialects
-    return "1.12.0"
+    return "1.15.0"
 
 
 @sdk.hookimpl

@@ -179,6 +179,7 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
                                              conv_channels_last=True, depthwise_conv=True,
                                              gemm_bias_epilogue=False, float32_scans_in_float64=True,
                                              float32_variance_in_float64=True, half_add_scalars_rounded=True,
+                                             half_conv_bias_in_kernel=True,
                                              template_dialects=frozenset({"cpp"}), host_programs=True,
                                              compiler=os.environ.get("CXX", "g++"))
 
