@@ -29,7 +29,7 @@ from coil.sdk import (Cast, CodeWriter, Const, IndexValue, Indirect, Kernel, Ker
                       Masked, Op, ReductionNode, ScanNode, ScatterNode, Value, loads, walk)
 from coil.sdk.codegen import ValueVisitor, is_integer_identity
 
-from . import configs, indexing, online_softmax, split
+from . import configs, index_width, indexing, online_softmax, split
 from .indexing import IndexWriter, Level, Run
 from .optable import HALF, OPS, POINTER, STORAGE, compute, literal
 from .reductions import Reduction
@@ -38,7 +38,6 @@ from .strategy import Scope
 
 #: Longest reduced row (elements) kept whole in registers.
 PERSISTENT_LIMIT = 8192
-INT32_LIMIT = 2**31 - 1
 
 
 def _overhangs(n: int | None, blocks: list[int]) -> bool:
@@ -116,12 +115,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
             # indices used as data too: a random op's counter runs past its own extent
             exprs += [v.expr for v in _index_values(kn.body)]
         bounds = {**dict(zip(self.k.x_vars, self.k.x_ranges)), **dict(zip(self.k.r_vars, self.k.r_ranges))}
-        for e in exprs:
-            e = sympy.expand(sympy.sympify(e))
-            top = e.xreplace({s: n - 1 for s, n in bounds.items()})
-            if not top.is_number or abs(int(top)) + 1 > INT32_LIMIT // 2:
-                return True
-        return False
+        return index_width.needs_int64(exprs, bounds)
 
     # -- the strategies' interface (strategy.Writer; also mask, value, and the attributes
     #    k, w, interpret, xnumel, rnumel, rnumel_text, x_contiguous, rmask)
@@ -198,7 +192,7 @@ class KernelWriter(ValueVisitor[Scope, str]):
         ones, so accesses contiguous along either stay coalesced (Triton moves the tile
         through shared memory between the two layouts)."""
         w = self.w
-        w.line("pid = tl.program_id(0)")
+        w.line("pid = tl.program_id(0).to(tl.int64)" if self.int64 else "pid = tl.program_id(0)")
         w.line(f"columns = tl.cdiv({self.rnumel_text}, RBLOCK)")
         w.line("xindex = (pid // columns) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         w.line("rindex = (pid % columns) * RBLOCK + tl.arange(0, RBLOCK)[None, :]")

@@ -142,11 +142,12 @@ def generate(kw: Writer, split: int) -> list[KernelSource]:
     # -- partial states
     w.line("@jit")
     with w.block(f"def {k.name}({', '.join(params + constexprs)}):"):
-        w.line("pid = tl.program_id(0)")
+        # int64 where the kernel's indices need it: ``part * chunk`` reaches the reduced extent
+        w.line("pid = tl.program_id(0).to(tl.int64)" if kw.int64 else "pid = tl.program_id(0)")
         w.line(f"part = pid // {blocks}")
         w.line(f"xindex = (pid % {blocks}) * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         w.line(f"xmask = xindex < {xn}")
-        w.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        w.line("rbase = tl.arange(0, RBLOCK)[None, :]" + (".to(tl.int64)" if kw.int64 else ""))
         kw.mask_everything()
         kw.define_x()
         loop = k.loops[0]
