@@ -218,11 +218,13 @@ def test_half_comparisons_round_the_other_side_as_in_eager(f, dtype):
     (lambda x: x.argmax(), torch.tensor([True, False, True])),
     (lambda x: True ** x, torch.tensor([True, False])),
     (lambda x: x % True, torch.tensor([True, False])),
+    (lambda x: x.abs(), torch.tensor([True, False])),  # session 38's hunt: Coil returned x
     # a scalar past the half range that eager converts to the type, checked (Coil gave inf)
     (lambda x: x ** 1e5, torch.tensor([1.0, 2.0, -3.0], dtype=torch.float16)),
     (lambda x: torch.add(x, x, alpha=1e5), torch.tensor([1.0, 2.0, -3.0], dtype=torch.float16)),
 ], ids=["bool_sub", "rsub_bool", "half_clamp_overflow", "half_full_overflow", "bool_argmax", "bool_pow",
-        "bool_remainder", "half_pow_overflow", "half_alpha_overflow"])
+        "bool_remainder", "bool_abs", "half_pow_overflow",
+        "half_alpha_overflow"])
 def test_what_eager_rejects_raises_as_in_eager(f, x):
     """Subtraction with a bool operand, and a number past a half type's range, raise in eager;
     Coil computed them (an int, or inf; session 30). Eager on the GPU machine (CUDA, torch

@@ -99,7 +99,7 @@ def _rounded(a: Any, dtype: torch.dtype, device: torch.device) -> Any:
 
 
 #: Ops eager has no bool kernel for (``bool_tensor % True`` raises, on the CPU and CUDA).
-BOOL_REFUSED = frozenset({"remainder", "fmod", "pow"})
+BOOL_REFUSED = frozenset({"remainder", "fmod", "pow", "abs"})
 
 #: Ops whose operands eager's kernels round to a half-precision common dtype before computing
 #: in float32 (a Python number, a 0-d tensor of a wider float type): ATen converts them to
