@@ -38,8 +38,12 @@ def restore_fused_updates(gm: torch.fx.GraphModule) -> int:
         with graph.inserting_before(node):
             try:
                 emitter = Emitter(graph, node)
+            except Exception:  # noqa: BLE001 - no fake value recorded: leave the chain as traced
+                continue
+            try:
                 fused = emitter.function(op, base, first, second, value=value)
             except Exception:  # noqa: BLE001 - an argument the op refuses: leave the chain as traced
+                emitter.undo()
                 continue
         if fused.meta["example_value"].dtype != node.meta["example_value"].dtype:
             emitter.undo()
