@@ -18,10 +18,15 @@ rewrites put in a graph) fed by a division or product used nowhere else; or a ``
 expression of the user's code that calls ``addcdiv``. Anything else is left as it is."""
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.fx
 
 from .dynamo_ops import Emitter
+from .graph_edit import settled
+
+log = logging.getLogger(__name__)
 
 _FN = "call_function"
 
@@ -52,10 +57,7 @@ def restore_fused_updates(gm: torch.fx.GraphModule) -> int:
         for dead in (node, *chain):  # each used only by the one before it
             graph.erase_node(dead)
         count += 1
-    if count:
-        graph.lint()
-        gm.recompile()
-    return count
+    return settled(gm, count, log, "%d addcdiv/addcmul chains restored from Dynamo's rewrites")
 
 
 def _from_fma(node: torch.fx.Node) -> tuple | None:
