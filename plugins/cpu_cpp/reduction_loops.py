@@ -9,7 +9,7 @@ schedule decides what the threads split and what the lanes run over:
 * ``outer``: when the accesses are contiguous along the innermost *kept* dim instead
   (``x.sum(0)`` of a row-major matrix), threads split blocks of that dim and the lanes take
   consecutive kept points, so each lane's state is one output; the reduced dims run outside,
-  and every access stays contiguous.
+  and every access stays contiguous (:mod:`.outer_schedule`).
 * ``split``: when there are only a few kept points, threads split the reduced dims; then
   each thread in turn (in a fixed order) combines its lanes into a shared state.
 """
@@ -20,16 +20,17 @@ from typing import TYPE_CHECKING, Iterator
 
 import sympy
 
-from coil.sdk import Kernel, Load, Loop, ReductionNode, loads
+from coil.sdk import Kernel, Load, Loop, loads
 from coil.sdk.codegen import ValueScope
 from coil.sdk.symbolic import fold_divmod
 
-from .accumulators import Accumulator, accumulator
+from .accumulators import Accumulator
 from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import Split, innermost_split, reduced_split
 from .hoist import hoist_invariants
-from .optable import CTYPES
+from .outer_schedule import outer
 from . import prefetch, streaming
+from .reduction_body import accumulators_of, counts, r_body, results
 from .stash import LoopStashes, plan, scratch_rows
 from .tables import table_scope
 
@@ -47,32 +48,10 @@ LANES = 64
 #: Chunks of the inner and split schedules after which each lane's partial state is combined
 #: into a settled one and starts again, where a lane would take more: a long sum's rounding
 #: error then grows with SETTLE + n / (LANES * SETTLE) additions rather than n / LANES
-#: (``x.var()`` of 2**24 float32: 2.1e-5 off a float64 variance, Inductor 8.4e-8).
+#: (``x.var()`` of 2**24 float32: 2.1e-5 off a float64 variance, Inductor 8.4e-8). Past
+#: SETTLE settlings, the settled states settle in turn into a third one every SETTLE
+#: settlings: a few lanes over many elements (``[8, 300000, 3].sum((1, 2))``, two lanes).
 SETTLE = 64
-#: Kept points per thread block in the outer schedule: ``coil::OUTER_BLOCK`` in the header,
-#: sixteen vectors of float for the instruction set the kernel is built for. With AVX-512,
-#: 256 (1 KiB of float per reduced element) was the fastest for ``x.sum(0)`` of 1536x4096
-#: (64, 128 and 512 were slower; with only 8 reduced elements 128 was faster, which is left
-#: alone). Built for AVX2 (``-mno-avx512f`` on the AMD EPYC, one thread, medians of 51 calls,
-#: 2026-12-03), the same sum took 1.207 ms with 256, 0.695 with 128 and 0.901 with 64, while
-#: the AVX-512 build took 0.496 / 0.721 / 0.978.
-BLOCK = "block_max"
-#: Stack bytes a thread's block may take at most, for its lanes' states and intermediates
-#: (counted at 8 bytes an element): a wider block is narrowed to fit.
-STACK_BYTES = 64 << 10
-#: Elements of the innermost reduced dim each lane of the outer schedule takes in turn (see
-#: ``_row_group``).
-ROW_GROUP = 4
-#: Kept points up to which the outer schedule takes reduced elements one at a time.
-NARROW = 256
-#: Elements of the outer schedule's innermost reduced dim accumulated into a partial state,
-#: which is then combined into the lane's state: a long sum's rounding error then grows with
-#: CHUNK + n / CHUNK additions rather than n (x.sum(0) of 65536x64 float32: largest error
-#: against a float64 sum 4.8e-3 taking elements one by one, eager's cascade 1.1e-4). Past
-#: CHUNK chunks, the partials settle in a second state every CHUNK chunks: 2 CHUNK +
-#: n / CHUNK^2 (a column sum of 2^18 rows was 5-8x further from float64 than eager's: a hunt,
-#: session 37).
-CHUNK = 128
 #: Kernels with at most this many kept points (known statically) use the split schedule,
 #: unless their reduced dims are known to be too short to share among threads: the split
 #: schedule opens a parallel region per kept point (an inactive one still costs a runtime
@@ -84,7 +63,7 @@ SMALL_X = 32
 def reduction_kernel(kw: KernelWriter) -> None:
     schedule = choose_schedule(kw.k)
     if schedule == "outer":
-        _outer(kw)
+        outer(kw, work(kw.k))
         return
     k = kw.k
     split = schedule == "split"
@@ -175,59 +154,13 @@ def _contiguous_along_x(k: Kernel) -> bool:
     return along_x >= along_r and along_x > 0
 
 
-def _accumulators(loop: Loop) -> dict[str, Accumulator]:
-    accs: dict[str, Accumulator] = {}
-    for kn in loop.nodes:
-        node = kn.node
-        if isinstance(node, ReductionNode):
-            accs[node.name] = accumulator(node.reduction_type, node.name, CTYPES[node.acc_dtype],
-                                          CTYPES[kn.body.dtype])
-    return accs
-
-
-def _flat_r(k: Kernel) -> str:
-    flat: sympy.Expr = sympy.Integer(0)
-    for v, n in zip(k.r_vars, k.r_ranges):
-        flat = flat * n + v
-    return idx(flat)
-
-
-def _r_body(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
-            prefix: str, lane: str, stashes: LoopStashes, counted: bool = False) -> None:
-    """One (x, r) point of an r loop: pointwise nodes, and updates of the lane's states
-    (``counted``: Welford states take their count from the chunk, see ``_counts``)."""
-    for s in stashes.reads:
-        scope[s.value] = kw.value(Load(s.value.dtype, buffer=s.buffer, index=s.index), scope)
-    for kn in loop.nodes:
-        acc = accs.get(kn.node.name)
-        if acc is None:
-            kw.emit_nodes([kn], scope)
-        else:
-            value = kw.value(kn.body, scope)
-            if counted and acc.kind == "welford":
-                kw.w.line(acc.update_counted(prefix, lane, value, f"count_{acc.name}", f"weight_{acc.name}"))
-            else:
-                kw.w.line(acc.update(prefix, lane, value, _flat_r(kw.k)))
-    for s in stashes.writes:
-        kw.w.line(f"{s.buffer}[{kw.idx(s.index)}] = {kw.value(s.value, scope)};")
-
-
-def _results(kw: KernelWriter, loop: Loop, accs: dict[str, Accumulator], prefix: str, lane: str) -> None:
-    for kn in loop.nodes:
-        acc = accs.get(kn.node.name)
-        if acc is not None:
-            for i, out in enumerate(kn.node.outputs()):
-                kw.store(out, kn.store_index, acc.result(prefix, lane, i), kn.node.layout.dtype,
-                         store_name=kn.stores[i])
-
-
 # -- inner and split schedules: lanes over the innermost reduced dim
 
 
 def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bool,
                  stashes: LoopStashes, rsplit: Split | None, ahead: list[Load]) -> None:
     """An r loop in lanes; ``ahead``: loads to prefetch for the next kept point (:mod:`.prefetch`)."""
-    accs = _accumulators(loop)
+    accs = accumulators_of(loop)
     if not accs:
         _plain_r_loop(kw, loop, scope, None if split else rsplit, stashes, split)
         return
@@ -238,30 +171,38 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
     per_lane = sympy.Mul(*kw.k.r_ranges) / lanes
     # the counter of chunks since the lanes last settled; a kernel's r loops each have their own
     settle = f"unsettled_{next(iter(accs))}" if not per_lane.is_number or per_lane > SETTLE else None
+    # and of settlings since the settled states last went into the third level (high_ states)
+    deep = f"settled_{next(iter(accs))}" if settle and (not per_lane.is_number or per_lane > SETTLE ** 2) else None
+    levels = ("lane_", "mid_", "high_") if deep else ("lane_", "mid_") if settle else ("lane_",)
+    shared = _shares_outer_r(kw, lanes)
     with _parallel_region(kw, split):
-        if settle:
-            w.line(f"int64_t {settle} = 0;")
-        for acc in _counts(accs):  # full chunks counted by the thread (see _lanes_over_r)
+        for counter in (settle, deep):
+            if counter:
+                w.line(f"int64_t {counter} = 0;")
+        for acc in counts(accs):  # full chunks counted by the thread (see _lanes_over_r)
             w.line(f"{acc.ctype} count_{acc.name} = 0;")
-        for prefix in ("lane_", "mid_") if settle else ("lane_",):
+        for prefix in levels + (("left_",) if shared else ()):
             for acc in accs.values():
                 w.lines(acc.declare(prefix, lanes))
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
                 for acc in accs.values():
                     w.lines(acc.init(prefix, "[lane]"))
-        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead, settle)
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead, (settle, deep))
+        if shared:
+            _settle_lanes(kw, accs, lanes, "lane_", "left_")
         if settle:  # the last partial states after the settled ones, back into the lanes
             w.line("#pragma omp simd")
             with w.block(for_header("lane", str(lanes)), "}"):
                 for acc in accs.values():
-                    w.line(acc.combine("mid_", "[lane]", "lane_", "[lane]"))
-                    w.lines([f"{a} = {b};" for a, b in zip(acc.refs("lane_", "[lane]"), acc.refs("mid_", "[lane]"))])
+                    for low, high in zip(levels, levels[1:]):
+                        w.line(acc.combine(high, "[lane]", low, "[lane]"))
+                    w.lines([f"{a} = {b};" for a, b in zip(acc.refs("lane_", "[lane]"), acc.refs(levels[-1], "[lane]"))])
         _combine_lanes(kw, accs, lanes)
         with _one_thread_at_a_time(kw, split):
             for acc in accs.values():
                 w.line(acc.combine("acc_", "", "lane_", "[0]"))
-    _results(kw, loop, accs, "acc_", "")
+    results(kw, loop, accs, "acc_", "")
 
 
 def _lane_split(k: Kernel) -> Split | None:
@@ -320,53 +261,97 @@ def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
 
 def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
                   split: bool, stashes: LoopStashes, lanes: int, rsplit: Split | None = None,
-                  ahead: list[Load] | None = None, settle: str | None = None) -> None:
+                  ahead: list[Load] | None = None, settle: tuple[str | None, str | None] = (None, None)
+                  ) -> None:
     """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
     of the lane arrays, then the leftover elements into the first lanes (either part is left
     out where the size is known and it would not run). With ``rsplit`` (lanes at its divisor,
     which divides the size), a chunk is one value of the split's outer variable and a lane
     one of its inner, and the indices say so (:func:`.divmod_split.reduced_split`). Each full
     chunk first prefetches ``ahead`` for the next kept point (:mod:`.prefetch`). ``settle``:
-    the counter after whose ``SETTLE`` chunks the lanes settle (``mid_`` states), or None."""
+    the counter after whose ``SETTLE`` chunks the lanes settle (``mid_`` states), and the one
+    after whose ``SETTLE`` settlings those settle in turn (``high_`` states), each or None."""
     w = kw.w
     last, n = kw.k.r_vars[-1].name, kw.k.r_ranges[-1]
     size = int(n) if n.is_number else None
     full = f"{idx(n)} / {lanes} * {lanes}" if size is None else str(size // lanes * lanes)
-    if size is None or size >= lanes:
-        with _within_outer_r(kw, split, for_header(f"{last}_chunk", full, step=lanes)):
-            if rsplit is not None:
-                w.line(f"int64_t {rsplit.hi} = {last}_chunk / {lanes};")
-            if ahead:
-                prefetch.emit(kw, ahead, f"{last}_chunk", lanes)
-            for acc in _counts(accs):  # every lane's Welford count is the thread's full chunks
-                w.line(f"count_{acc.name} += {acc.ctype}(1);")
-                w.line(f"const {acc.ctype} weight_{acc.name} = {acc.ctype}(1) / count_{acc.name};")
-            w.line("#pragma omp simd")
-            with w.block(for_header("lane", str(lanes)), "}"):
-                w.line(f"int64_t {last} = {last}_chunk + lane;")
-                if rsplit is not None:
-                    w.line(f"int64_t {rsplit.lo} = lane;")
-                with _substituted(kw, rsplit):
-                    _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes, counted=True)
-            if settle:  # every SETTLE chunks, the lanes' partial states into the settled ones
-                with w.block(f"if (++{settle} == {SETTLE}) {{", "}"):
-                    w.line(f"{settle} = 0;")
-                    w.lines([f"count_{acc.name} = 0;" for acc in _counts(accs)])
-                    w.line("#pragma omp simd")
-                    with w.block(for_header("lane", str(lanes)), "}"):
-                        for acc in accs.values():
-                            w.line(acc.combine("mid_", "[lane]", "lane_", "[lane]"))
-                            w.lines(acc.init("lane_", "[lane]"))
-    if size is None or size % lanes:
-        with _within_outer_r(kw, split, for_header(last, n, start=full), simd=True):
-            w.line(f"int64_t lane = {last} - {full};")
-            _r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes)
+    shared = _shares_outer_r(kw, lanes)
+    with _outer_r(kw, split, shared):
+        if size is None or size >= lanes:
+            with _innermost_r(kw, split, shared, for_header(f"{last}_chunk", full, step=lanes)):
+                _full_chunk(kw, loop, scope, accs, stashes, lanes, rsplit, ahead, settle, shared)
+        if size is None or size % lanes:
+            with _innermost_r(kw, split, shared, for_header(last, n, start=full), simd=True):
+                w.line(f"int64_t lane = {last} - {full};")
+                r_body(kw, loop, scope.child(), accs, "left_" if shared else "lane_", "[lane]", stashes)
+            if shared and size is None:  # a symbolic dim shorter than the lanes has no full chunk
+                _count_settling(kw, accs, lanes, settle, shared)
 
 
-def _counts(accs: dict[str, Accumulator]) -> list[Accumulator]:
-    """The Welford states whose count the full chunks keep once per thread: every lane starts
-    at 0 and takes one element per full chunk, so all lanes have the same count there."""
-    return [acc for acc in accs.values() if acc.kind == "welford"]
+def _shares_outer_r(kw: KernelWriter, lanes: int) -> bool:
+    """Whether the lanes' full chunks and leftover elements share one pass over the outer
+    reduced dims (both run and there are outer dims): a separate pass added every leftover
+    element of the whole reduction to one lane in a serial sum, never settled
+    (``[40, 300000, 3].sum((1, 2))`` 40x further from float64 than eager; a hunt, session
+    38). The leftovers then go into states of their own (``left_``), which settle with the
+    lanes: Welford's full chunks assume every lane has the same count."""
+    n = kw.k.r_ranges[-1]
+    size = int(n) if n.is_number else None
+    return len(kw.k.r_vars) > 1 and (size is None or (size >= lanes and size % lanes != 0))
+
+
+def _full_chunk(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
+                stashes: LoopStashes, lanes: int, rsplit: Split | None, ahead: list[Load] | None,
+                settle: tuple[str | None, str | None], shared: bool) -> None:
+    """One full chunk of ``lanes`` elements (see :func:`_lanes_over_r`), and the lanes'
+    settling every ``SETTLE`` chunks (the settled states' every ``SETTLE`` settlings; with
+    ``shared``, the leftovers' states settle with the lanes)."""
+    w = kw.w
+    last = kw.k.r_vars[-1].name
+    if rsplit is not None:
+        w.line(f"int64_t {rsplit.hi} = {last}_chunk / {lanes};")
+    if ahead:
+        prefetch.emit(kw, ahead, f"{last}_chunk", lanes)
+    for acc in counts(accs):  # every lane's Welford count is the thread's full chunks
+        w.line(f"count_{acc.name} += {acc.ctype}(1);")
+        w.line(f"const {acc.ctype} weight_{acc.name} = {acc.ctype}(1) / count_{acc.name};")
+    w.line("#pragma omp simd")
+    with w.block(for_header("lane", str(lanes)), "}"):
+        w.line(f"int64_t {last} = {last}_chunk + lane;")
+        if rsplit is not None:
+            w.line(f"int64_t {rsplit.lo} = lane;")
+        with _substituted(kw, rsplit):
+            r_body(kw, loop, scope.child(), accs, "lane_", "[lane]", stashes, counted=True)
+    _count_settling(kw, accs, lanes, settle, shared)
+
+
+def _count_settling(kw: KernelWriter, accs: dict[str, Accumulator], lanes: int,
+                    settle: tuple[str | None, str | None], shared: bool) -> None:
+    """Counts a chunk; every ``SETTLE`` chunks the lanes' partial states (with ``shared``,
+    the leftovers' too) into the settled ones, and every ``SETTLE`` settlings those into the
+    third level."""
+    w = kw.w
+    chunks, settlings = settle
+    if chunks:
+        with w.block(f"if (++{chunks} == {SETTLE}) {{", "}"):
+            w.line(f"{chunks} = 0;")
+            w.lines([f"count_{acc.name} = 0;" for acc in counts(accs)])
+            _settle_lanes(kw, accs, lanes, "mid_", "lane_")
+            if shared:
+                _settle_lanes(kw, accs, lanes, "mid_", "left_")
+            if settlings:
+                with w.block(f"if (++{settlings} == {SETTLE}) {{", "}"):
+                    w.line(f"{settlings} = 0;")
+                    _settle_lanes(kw, accs, lanes, "high_", "mid_")
+
+
+def _settle_lanes(kw: KernelWriter, accs: dict[str, Accumulator], lanes: int, into: str, prefix: str) -> None:
+    """Each lane's ``prefix`` state combined into its ``into`` state and started again."""
+    kw.w.line("#pragma omp simd")
+    with kw.w.block(for_header("lane", str(lanes)), "}"):
+        for acc in accs.values():
+            kw.w.line(acc.combine(into, "[lane]", prefix, "[lane]"))
+            kw.w.lines(acc.init(prefix, "[lane]"))
 
 
 @contextlib.contextmanager
@@ -382,17 +367,36 @@ def _substituted(kw: KernelWriter, rsplit: Split | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _within_outer_r(kw: KernelWriter, split: bool, innermost: str, simd: bool = False) -> Iterator[None]:
-    """The ``innermost`` loop header inside loops over the outer reduced dims. In the split
-    schedule the threads share the outer loops, or where there are none the innermost one
-    (collapsing the vectorised loop's parent too makes GCC gather across its iterations)."""
+def _outer_r(kw: KernelWriter, split: bool, shared: bool) -> Iterator[None]:
+    """Loops over the outer reduced dims around both innermost loops of the lanes (the full
+    chunks and the leftover) where ``shared`` (:func:`_shares_outer_r`); else nothing, and
+    :func:`_innermost_r` opens them around each."""
     k = kw.k
     outer = [v.name for v in k.r_vars[:-1]]
+    if not shared:
+        yield
+        return
+    if split:
+        collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
+        kw.w.line(f"#pragma omp for{collapse} nowait")
+    with kw.loops(outer, k.r_ranges[:-1]):
+        yield
+
+
+@contextlib.contextmanager
+def _innermost_r(kw: KernelWriter, split: bool, shared: bool, innermost: str, simd: bool = False
+                 ) -> Iterator[None]:
+    """The ``innermost`` loop header, inside loops over the outer reduced dims unless
+    ``shared`` (:func:`_outer_r` opened them). In the split schedule the threads share the
+    outer loops, or where there are none the innermost one (collapsing the vectorised loop's
+    parent too makes GCC gather across its iterations)."""
+    k = kw.k
+    outer = [] if shared else [v.name for v in k.r_vars[:-1]]
     pragma = "#pragma omp simd" if simd else ""
     if split and outer:
         collapse = f" collapse({len(outer)})" if len(outer) > 1 else ""
         kw.w.line(f"#pragma omp for{collapse} nowait")
-    elif split:
+    elif split and not shared:
         pragma = "#pragma omp for simd nowait" if simd else "#pragma omp for nowait"
     with kw.loops(outer, k.r_ranges[:-1]):
         if pragma:
@@ -414,163 +418,18 @@ def _plain_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], rsplit: 
                 with kw.w.block(for_header(rsplit.lo.name, sympy.Integer(d)), "}"):
                     kw.w.line(f"int64_t {last} = {d}*{rsplit.hi} + {rsplit.lo};")
                     with _substituted(kw, rsplit):
-                        _r_body(kw, loop, scope.child(), {}, "", "", stashes)
+                        r_body(kw, loop, scope.child(), {}, "", "", stashes)
         return
     collapse = f" collapse({len(k.r_ranges)})" if len(k.r_ranges) > 1 else ""
     streams = (streaming.plan(kw, loop.nodes, k.r_vars[0], k.r_ranges[0])
                if not split and len(k.r_ranges) == 1 and not stashes.writes and not stashes.reads else None)
     if streams is not None:
         with streaming.chunked(kw, streams):
-            _r_body(kw, loop, scope.child(), {}, "", "", stashes)
+            r_body(kw, loop, scope.child(), {}, "", "", stashes)
         return
     if split:
         kw.w.line(f"#pragma omp parallel for simd{collapse} {parallel_if(sympy.Mul(*k.r_ranges))}")
     else:
         kw.w.line(f"#pragma omp simd{collapse}")
     with kw.loops([v.name for v in k.r_vars], k.r_ranges):
-        _r_body(kw, loop, scope.child(), {}, "", "", stashes)
-
-
-# -- outer schedule: lanes over a block of the innermost kept dim
-
-
-def _outer(kw: KernelWriter) -> None:
-    k, w = kw.k, kw.w
-    names, ranges = [v.name for v in k.x_vars], list(k.x_ranges)
-    split = innermost_split(k)
-    if split is not None:  # blocks of the contiguous part, as a pointwise kernel's inner loop
-        names[-1:] = [split.hi.name, split.lo.name]
-        ranges[-1:] = [ranges[-1] // split.divisor, sympy.Integer(split.divisor)]
-        kw.index_subs = split.substitutions()
-        kw.lane_prelude = f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};"
-    last, n = names[-1], ranges[-1]
-    states = 3 if k.r_ranges and _settles(k.r_ranges[-1]) else 2  # with partial (and settled) states
-    arrays = len(k.internal) + sum(states * len(acc.fields) for loop in k.loops if loop.level == "r"
-                                   for acc in _accumulators(loop).values())
-    widest = max(1, STACK_BYTES // (8 * max(1, arrays)))
-    w.line(f"constexpr int64_t {BLOCK} = std::max<int64_t>(coil::OUTER_BLOCK, "
-           f"std::min<int64_t>(coil::OUTER_BLOCK_MAX, {1 << (widest.bit_length() - 1)}));")
-    w.line(f"const int64_t {last}_step = coil::outer_block({idx(n)}, {BLOCK});")
-    kw.pragma(parallel_for(work(k), len(names)))
-    with kw.loops(names[:-1], ranges[:-1]):
-        with w.block(for_header(f"{last}_block", n, step=f"{last}_step"), "}"):
-            w.line(f"int64_t width = std::min<int64_t>({last}_step, {idx(n)} - {last}_block);")
-            for buf in sorted(k.internal):
-                w.line(f"{kw.ctype(buf)} v_{buf}[{BLOCK}];")
-            kw.lane = "[lane]"
-            for loop in k.loops:
-                if loop.level == "x":
-                    with _over_block(kw, last):
-                        kw.emit_nodes(loop.nodes, ValueScope())
-                else:
-                    _outer_r_loop(kw, loop, last, n)
-            kw.lane = ""
-
-
-def _row_group(n: sympy.Expr, kept: sympy.Expr) -> int:
-    """Reduced elements of the outer schedule's innermost reduced dim that each lane takes in
-    turn before the next lane (1: one at a time). Its state then stays in a register over the
-    group, where with one at a time every element loads and stores the lane's accumulator.
-    Only a static extent that the group divides is grouped, so no remainder loop is needed;
-    and not when ``kept`` is a block or less: rows that short are read one after another
-    anyway, and grouping them measured slower (x.sum(0) of 65536x64 with two threads, input
-    out of cache: 0.63 -> 1.33 ms)."""
-    if not n.is_number or (kept.is_number and int(kept) <= NARROW):
-        return 1
-    if int(n) > CHUNK:  # the groups then run within chunks
-        return ROW_GROUP if CHUNK % ROW_GROUP == 0 and int(n) % ROW_GROUP == 0 else 1
-    return next((g for g in (ROW_GROUP, 2) if int(n) % g == 0 and int(n) > g), 1)
-
-
-@contextlib.contextmanager
-def _over_block(kw: KernelWriter, last: str) -> Iterator[None]:
-    kw.w.line("#pragma omp simd")
-    with kw.w.block(for_header("lane", "width"), "}"):
-        kw.w.line(f"int64_t {last} = {last}_block + lane;")
-        if kw.lane_prelude:
-            kw.w.line(kw.lane_prelude)
-        yield
-
-
-def _outer_r_loop(kw: KernelWriter, loop: Loop, last: str, kept: sympy.Expr) -> None:
-    k, w = kw.k, kw.w
-    accs = _accumulators(loop)
-    for acc in accs.values():
-        w.lines(acc.declare("acc_", BLOCK))
-    if accs:
-        with _over_block(kw, last):
-            for acc in accs.values():
-                w.lines(acc.init("acc_", "[lane]"))
-    names, ranges = [v.name for v in k.r_vars], list(k.r_ranges)
-    if not ranges:
-        with _over_block(kw, last):
-            _r_body(kw, loop, ValueScope(), accs, "acc_", "[lane]", LoopStashes())
-    else:
-        _outer_r_nest(kw, loop, last, accs, names, ranges, kept)
-    if accs:
-        with _over_block(kw, last):
-            _results(kw, loop, accs, "acc_", "[lane]")
-
-
-def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accumulator],
-                  names: list[str], ranges: list[sympy.Expr], kept: sympy.Expr) -> None:
-    """The reduced dims' loops of the outer schedule: the innermost in chunks (partial states
-    combined into the lanes' states, see ``CHUNK``) and, inside a chunk, in groups that each
-    lane takes in turn (see ``_row_group``)."""
-    w = kw.w
-    inner, n = names.pop(), ranges.pop()
-    group = _row_group(n, kept)
-    chunked = bool(accs) and not (n.is_number and int(n) <= CHUNK)
-    # past CHUNK chunks, they settle in a mid_ state first (a cascade of three levels)
-    settle = f"chunks_{next(iter(accs))}" if chunked and _settles(n) else None
-    prefix = "part_" if chunked else "acc_"
-    if chunked:
-        for acc in accs.values():
-            w.lines(acc.declare(prefix, BLOCK))
-    if settle:
-        for acc in accs.values():
-            w.lines(acc.declare("mid_", BLOCK))
-        with _over_block(kw, last):
-            for acc in accs.values():
-                w.lines(acc.init("mid_", "[lane]"))
-        w.line(f"int64_t {settle} = 0;")
-    with kw.loops(names, ranges), contextlib.ExitStack() as stack:
-        start, end = "0", idx(n)
-        if chunked:
-            stack.enter_context(w.block(for_header(f"{inner}_chunk", n, step=CHUNK), "}"))
-            with _over_block(kw, last):
-                for acc in accs.values():
-                    w.lines(acc.init(prefix, "[lane]"))
-            start, end = f"{inner}_chunk", f"std::min<int64_t>({inner}_chunk + {CHUNK}, {idx(n)})"
-        with contextlib.ExitStack() as body:
-            if group > 1:  # each lane's state stays in a register over the group's elements
-                body.enter_context(w.block(for_header(f"{inner}_group", end, start=start, step=group), "}"))
-                body.enter_context(_over_block(kw, last))
-                w.line(f"#pragma GCC unroll {group}")
-                body.enter_context(w.block(for_header(inner, f"{inner}_group + {group}", start=f"{inner}_group"), "}"))
-            else:
-                body.enter_context(w.block(for_header(inner, end, start=start), "}"))
-                body.enter_context(_over_block(kw, last))
-            _r_body(kw, loop, ValueScope(), accs, prefix, "[lane]", LoopStashes())
-        if chunked:
-            with _over_block(kw, last):
-                for acc in accs.values():
-                    w.line(acc.combine("mid_" if settle else "acc_", "[lane]", prefix, "[lane]"))
-        if settle:  # every CHUNK chunks, the settled partial into the lanes' states
-            with w.block(f"if (++{settle} == {CHUNK}) {{", "}"):
-                w.line(f"{settle} = 0;")
-                _settle_mid(kw, last, accs)
-    if settle:
-        _settle_mid(kw, last, accs)
-
-
-def _settles(n: sympy.Expr) -> bool:
-    """Whether an innermost reduced dim of ``n`` elements takes more than CHUNK chunks."""
-    return not (n.is_number and int(n) <= CHUNK * CHUNK)
-
-
-def _settle_mid(kw: KernelWriter, last: str, accs: dict[str, Accumulator]) -> None:
-    with _over_block(kw, last):
-        for acc in accs.values():
-            kw.w.line(acc.combine("acc_", "[lane]", "mid_", "[lane]"))
-            kw.w.lines(acc.init("mid_", "[lane]"))
+        r_body(kw, loop, scope.child(), {}, "", "", stashes)
