@@ -169,3 +169,13 @@ def test_leftovers_in_the_outer_reduced_pass(shape, op, dynamic):
     fns = {"var_mean": lambda x: torch.var_mean(x, (1, 2)), "amax": lambda x: x.amax((1, 2)),
            "logsumexp": lambda x: x.logsumexp((1, 2)), "sum": lambda x: x.sum((1, 2))}
     check(fns[op], x, atol=1e-4, rtol=1e-4, dynamic=dynamic)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "var_mean"])
+def test_an_empty_innermost_reduced_dim_under_symbolic_ones(op):
+    """A reduced dim of 0 elements (specialised) beside symbolic sizes: the outer schedule's
+    passes per chunk divided by it (ZeroDivisionError at compile; a hunt, session 39)."""
+    fns = {"sum": lambda x: x.sum((0, 1)), "mean": lambda x: x.mean((0, 1)),
+           "var_mean": lambda x: torch.var_mean(x, (0, 1))}
+    check(fns[op], torch.randn(3, 0, 4), dynamic=True)
+    check(lambda x: x.sum(0), torch.randn(0, 4), dynamic=True)

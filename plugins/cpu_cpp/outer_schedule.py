@@ -142,7 +142,7 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
     group = _row_group(n, kept)
     within = chunked and not (n.is_number and int(n) <= CHUNK)  # chunks within the innermost dim
     # else a chunk is this many passes over the innermost dim, counted by ``passes_<name>``
-    passes = max(1, CHUNK // int(n)) if n.is_number else 1
+    passes = max(1, CHUNK // int(n)) if n.is_number and int(n) > 0 else 1
     first = next(iter(accs), "")
     counters = {"part_": f"passes_{first}" if chunked and not within else None,
                 "mid_": f"chunks_{first}" if settles else None}
