@@ -11,7 +11,6 @@ from typing import Protocol, Sequence
 
 import sympy
 import torch
-from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from . import collectives, config, ir
 from .fusion_pairs import fusion_pairs, tiny
@@ -22,6 +21,7 @@ from . import templates
 from .kernel import Kernel, KernelNode, Loop, TemplateCall
 from .index_compare import simplify_comparison
 from .rerange import merge_leading, mover, simplify_in
+from .symbol_deps import symbol_definers, symbol_edges
 
 log = logging.getLogger(__name__)
 
@@ -91,31 +91,13 @@ _CHECKS = frozenset({torch.ops.aten._assert_async.default, torch.ops.aten._asser
                      torch.ops.aten._assert_scalar.default})
 
 
-def _symbol_definers(nodes: list[ir.Node]) -> set[int]:
-    """The library calls (by ``id``) that first define an unbacked symbol: ``item()``'s scalar
-    result, a size of ``nonzero``'s result. Later steps read the symbol from the wrapper's
-    names, not from a buffer, so such a call stays even where no buffer of it is read."""
-    defined: set[str] = set()
-    definers: set[int] = set()
-    for node in nodes:
-        if not isinstance(node, ir.ExternNode):
-            continue
-        new = {name for name, layout in zip(node.output_names, node.output_layouts) if layout is None}
-        new |= {n.name for layout in node.output_layouts if layout is not None for n in layout.size
-                if isinstance(n, sympy.Symbol) and free_unbacked_symbols(n)}
-        if new - defined:
-            definers.add(id(node))
-            defined |= new
-    return definers
-
-
 def eliminate_dead(graph: LoweredGraph) -> list[ir.Node]:
     needed = {o.name for o in graph.outputs if o.name}
     for o in graph.outputs:
         if o.name and graph.buffers.get(o.name) and graph.buffers[o.name].storage:
             needed.add(o.name)
     kept: list[ir.Node] = []
-    definers = _symbol_definers(graph.nodes)
+    definers = symbol_definers(graph.nodes)
     for node in reversed(graph.nodes):
         # writes into their arguments: a generated one, or a library call's (the write-back
         # into a complex input falls back to ATen's copy_, which was dropped as dead: a
@@ -167,7 +149,7 @@ class Scheduler:
                 self.preds[i] |= readers_of_old.get(node.mutates, set()) - {i}
             for out in node.outputs():
                 writer[out] = i
-        for earlier, later in collectives.order_edges(self.nodes):
+        for earlier, later in [*collectives.order_edges(self.nodes), *symbol_edges(self.nodes)]:
             self.preds[later].add(earlier)
         self.succs: list[set[int]] = [set() for _ in self.nodes]
         for i, ps in enumerate(self.preds):

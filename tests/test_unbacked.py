@@ -49,3 +49,19 @@ def test_a_failing_check_on_an_unbacked_size_raises_as_in_eager():
         f(torch.tensor([1.0, 2.0, 3.0]))
     with pytest.raises(RuntimeError, match="u0 <= 2|Expected cond"):
         compiled(torch.tensor([1.0, 2.0, 3.0]))
+
+
+@pytest.mark.parametrize("f", [
+    lambda x: x + (x > 0).nonzero().shape[0],
+    lambda x: x + (x > 0).sum().item(),
+    lambda x: x[x > 0].sum() + (x > 0).nonzero().shape[0],
+], ids=["nonzero_size", "item", "masked_sum"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_kernel_using_a_symbol_runs_after_the_call_defining_it(f, dynamic):
+    """The symbol's use is a dependency: ``x + (x > 0).nonzero().shape[0]`` fused the ``add``
+    with the ``gt`` that ``nonzero`` reads, and the kernel ran before ``u0`` was bound
+    (UnboundLocalError; a hunt, session 39)."""
+    compiled = torch.compile(f, backend="coil", dynamic=dynamic)
+    for n in (50, 37):
+        x = torch.randn(n)
+        torch.testing.assert_close(compiled(x), f(x))
