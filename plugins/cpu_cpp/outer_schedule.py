@@ -6,7 +6,7 @@ contiguous (:mod:`.reduction_loops` chooses the schedule)."""
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import sympy
 
@@ -49,6 +49,9 @@ NARROW = 256
 #: channels-last (over N, H and W, with W innermost and short) 50x further from float64 than
 #: eager's (session 39).
 CHUNK = 128
+#: The states of the outer schedule's cascade below the lanes' own (``acc_``): a chunk's
+#: partial states, and those settled every CHUNK chunks, and those every CHUNK settlings.
+_LEVELS = ("part_", "mid_", "high_")
 
 
 def outer(kw: KernelWriter, work: sympy.Expr) -> None:
@@ -62,8 +65,7 @@ def outer(kw: KernelWriter, work: sympy.Expr) -> None:
         kw.index_subs = split.substitutions()
         kw.lane_prelude = f"int64_t {split.var} = {split.divisor}*{split.hi} + {split.lo};"
     last, n = names[-1], ranges[-1]
-    chunked, settles = _levels(k.r_ranges)
-    states = 1 + chunked + settles  # the lanes' states, partial and settled ones
+    states = 1 + _depth(k.r_ranges)  # the lanes' states, partial and settled ones
     arrays = len(k.internal) + sum(states * len(acc.fields) for loop in k.loops if loop.level == "r"
                                    for acc in accumulators_of(loop).values())
     widest = max(1, STACK_BYTES // (8 * max(1, arrays)))
@@ -137,25 +139,31 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
     states combined into the lanes' states, see ``CHUNK``), and inside a chunk in groups that
     each lane takes in turn (see ``_row_group``)."""
     w = kw.w
-    chunked, settles = _levels([*ranges]) if accs else (False, False)
+    levels = [*_LEVELS[:_depth(ranges) if accs else 0], "acc_"]  # the cascade, partial states first
+    chunked = len(levels) > 1
     inner, n = names.pop(), ranges.pop()
     group = _row_group(n, kept)
     within = chunked and not (n.is_number and int(n) <= CHUNK)  # chunks within the innermost dim
-    # else a chunk is this many passes over the innermost dim, counted by ``passes_<name>``
-    passes = max(1, CHUNK // int(n)) if n.is_number and int(n) > 0 else 1
+    # a chunk is this many passes over a shorter innermost dim, counted by ``part_<name>_count``;
+    # a symbolic dim is chunked within and counted, and its count known when the call runs
+    # (a pass per chunk, a chunk of 2 elements where the dim was 2: 27x further from float64
+    # than eager under dynamic=True; a hunt, session 39)
+    passes = str(max(1, CHUNK // int(n)) if int(n) > 0 else 1) if n.is_number else \
+        f"std::max<int64_t>(1, {CHUNK} / std::max<int64_t>(1, {idx(n)}))"
+    counted = chunked and not (within and n.is_number)
     first = next(iter(accs), "")
-    counters = {"part_": f"passes_{first}" if chunked and not within else None,
-                "mid_": f"chunks_{first}" if settles else None}
-    prefix = "part_" if chunked else "acc_"
-    for level in [p for p, on in (("part_", chunked), ("mid_", settles)) if on]:
+    # each level's counter: the partial states' counts passes, the others the flushes of the
+    # level below into theirs
+    counters = [f"{level}{first}_count" for level in levels[:-1]]
+    for level in levels[:-1]:
         for acc in accs.values():
             w.lines(acc.declare(level, BLOCK))
         with _over_block(kw, last):
             for acc in accs.values():
                 w.lines(acc.init(level, "[lane]"))
-    for counter in counters.values():
-        if counter:
-            w.line(f"int64_t {counter} = 0;")
+    for counter in counters if counted else counters[1:]:
+        w.line(f"int64_t {counter} = 0;")
+    prefix = levels[0]
     with kw.loops(names, ranges), contextlib.ExitStack() as stack:
         start, end = "0", idx(n)
         if within:
@@ -171,35 +179,37 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
                 body.enter_context(w.block(for_header(inner, end, start=start), "}"))
                 body.enter_context(_over_block(kw, last))
             r_body(kw, loop, ValueScope(), accs, prefix, "[lane]", LoopStashes())
-        if within:
-            _end_chunk(kw, last, accs, counters["mid_"])
+        if counted:
+            with w.block(f"if (++{counters[0]} >= {passes}) {{", "}"):
+                w.line(f"{counters[0]} = 0;")
+                _flush(kw, last, accs, levels, counters)
         elif chunked:
-            with w.block(f"if (++{counters['part_']} == {passes}) {{", "}"):
-                w.line(f"{counters['part_']} = 0;")
-                _end_chunk(kw, last, accs, counters["mid_"])
-    if chunked and not within:  # the last chunk's passes
-        _end_chunk(kw, last, accs, counters["mid_"])
-    if settles:
-        _settle(kw, last, accs, "acc_", "mid_")
+            _flush(kw, last, accs, levels, counters)
+    for i in range(0 if counted else 1, len(levels) - 1):  # what the last chunks left
+        _settle(kw, last, accs, levels[i + 1], levels[i])
 
 
-def _levels(rranges: list[sympy.Expr]) -> tuple[bool, bool]:
-    """Whether the outer schedule accumulates reduced dims of ``rranges`` in chunks (more
-    than CHUNK elements), and whether the chunks settle (more than CHUNK chunks)."""
+def _depth(rranges: Sequence[sympy.Expr]) -> int:
+    """How many levels of ``_LEVELS`` the outer schedule keeps for reduced dims of
+    ``rranges``: one more for each power of CHUNK the reduced elements exceed (the lanes'
+    states then take at most CHUNK combines: with two levels, ``[2^20, 4, 17].sum((0, 1))``
+    under dynamic=True added 256 settled sums of 16384 elements each, 5x further from float64
+    than eager; a hunt, session 39)."""
     total = sympy.Mul(*rranges)
-    if not rranges or (total.is_number and int(total) <= CHUNK):
-        return False, False
-    return True, not (total.is_number and int(total) <= CHUNK * CHUNK)
+    if not rranges:
+        return 0
+    return sum(1 for bound in (CHUNK, CHUNK ** 2, CHUNK ** 3) if not (total.is_number and int(total) <= bound))
 
 
-def _end_chunk(kw: KernelWriter, last: str, accs: dict[str, Accumulator], settle: str | None) -> None:
-    """A chunk's partial states into the settled ones (into the lanes' where ``settle`` is
-    None); those into the lanes' every CHUNK chunks, counted by ``settle``."""
-    _settle(kw, last, accs, "mid_" if settle else "acc_", "part_")
-    if settle:
-        with kw.w.block(f"if (++{settle} == {CHUNK}) {{", "}"):
-            kw.w.line(f"{settle} = 0;")
-            _settle(kw, last, accs, "acc_", "mid_")
+def _flush(kw: KernelWriter, last: str, accs: dict[str, Accumulator], levels: list[str],
+           counters: list[str], i: int = 0) -> None:
+    """``levels[i]``'s states into the next level's; every CHUNK such flushes (counted by the
+    next level's counter), that level's into the one above, and so on up to the lanes'."""
+    _settle(kw, last, accs, levels[i + 1], levels[i])
+    if i + 2 < len(levels):
+        with kw.w.block(f"if (++{counters[i + 1]} == {CHUNK}) {{", "}"):
+            kw.w.line(f"{counters[i + 1]} = 0;")
+            _flush(kw, last, accs, levels, counters, i + 1)
 
 
 def _settle(kw: KernelWriter, last: str, accs: dict[str, Accumulator], into: str, prefix: str) -> None:
