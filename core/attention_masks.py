@@ -127,6 +127,7 @@ def attn_mask_and_keys(emit: Emitter, masks: list[Mask], dtype: torch.dtype
     if len(masks) == 1 and masks[0].kind == "bool":
         mask = masks[0].tensor if masks[0].attend else _negated(emit, masks[0].tensor)
         return mask, False, mask
+    _check_sum_order(masks)
     total = None
     for mask in masks:
         added = mask.tensor if mask.kind == "additive" else _as_additive(emit, mask)
@@ -142,6 +143,21 @@ def attn_mask_and_keys(emit: Emitter, masks: list[Mask], dtype: torch.dtype
                for m in masks):
         total = _kernel_safe(emit, total)
     return _in_dtype(emit, total, dtype), False, keys
+
+
+def _check_sum_order(masks: list[Mask]) -> None:
+    """Refuse additive masks whose sum the call may round otherwise than eager's adds. Eager
+    adds them to the scores one after another, ``(s + a) + b``; the call adds their sum,
+    ``s + (a + b)``. That is exact where all but one of them hold only 0, -inf and swamping
+    values (a padding mask after a position bias, T5's), and off by the last bits of values
+    of at most :data:`SMALL_MASK_VALUE` where those are the others (Swin's bias and -100);
+    with larger values in two of them it is not: a -1e9 padding mask after a position bias
+    (float32's spacing near 1e9 is 64) moved the weights of a fully padded row by up to 3.7
+    (a hunt against eager, session 39)."""
+    loose = [m for m in masks if m.kind == "additive" and not _zero_or_swamping(m.tensor)]
+    if len(loose) > 1 and not all(_no_swamping(m.tensor) for m in loose):
+        raise Refused("two additive masks, one that may hold large finite values (a -1e9 padding mask): "
+                      "eager's (s + a) + b would round otherwise than s + (a + b)")
 
 
 def _kernel_safe(emit: Emitter, total: torch.fx.Node) -> torch.fx.Node:

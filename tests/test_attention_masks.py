@@ -202,3 +202,26 @@ def test_rows_of_swamping_values_survive_a_kernel_that_overflows_them(fill):
         expected = _biased(q, k, v, mask)
     assert "scaled_dot_product_attention" in graphs[0].code
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("pad_fill, rewritten", [(-1e9, False), (torch.finfo(torch.float32).min, True)])
+def test_two_additive_masks_are_summed_only_where_the_order_cannot_round(pad_fill, rewritten):
+    """A position bias, then a padding mask: eager rounds ``(s + bias) + pad``, the call would
+    ``s + (bias + pad)``. With -1e9 (spacing 64 there) a fully padded row's weights moved by
+    up to 3.7 (a hunt, session 39): such a chain stays. A swamping fill (Hugging Face's
+    ``finfo.min``) rounds the same either way and is still rewritten (T5)."""
+    torch.manual_seed(0)
+    q, k, v = (x.detach() for x in _qkv(dtype=torch.float32))
+    bias = torch.randn(1, H, L, S) * 30
+    pad = torch.ones(B, S)
+    pad[1, :] = 0  # the second sequence is padding only
+
+    def fn(q, k, v, bias, pad):
+        s = q @ k.transpose(-2, -1) + bias
+        s = s + (1.0 - pad[:, None, None, :]) * pad_fill
+        return s.softmax(-1) @ v
+
+    before = collections.Counter(attention.rewrites)
+    got, expected = torch.compile(fn, backend="coil")(q, k, v, bias, pad), fn(q, k, v, bias, pad)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert (collections.Counter(attention.rewrites) - before == {"additive": 1}) == rewritten

@@ -270,13 +270,20 @@ CAUSAL_FORMS = {"causal_tril": _causal_tril, "causal_triu": _causal_triu, "causa
 MAY_SWAMP = {"additive", "mask_first", "fill_finfo_min", "where_full_min", "bias_then_padding", "fill_then_padding"}
 
 
+#: Forms adding two masks the graph receives, which may hold large finite values (a -1e9
+#: padding mask): eager rounds ``(s + a) + b``, the call would ``s + (a + b)``, so they stay
+#: (``coil.attention_masks._check_sum_order``; T5's own mask, built in the graph from
+#: ``finfo.min``, is still rewritten: ``test_attention_masks.py``).
+UNKNOWN_SUMS = {"bias_then_padding"}
+
+
 @pytest.mark.parametrize("name", FORMS)
 def test_form_float32(name):
     fn, extras, kind = FORMS[name]
     args = (*_qkv(), *(make() for make in extras))
     assert check(fn, *args) == ({} if name in MAY_SWAMP else {kind: 1})
     if name in MAY_SWAMP:
-        assert check_inference(fn, *args) == {kind: 1}
+        assert check_inference(fn, *args) == ({} if name in UNKNOWN_SUMS else {kind: 1})
 
 
 #: Forms adding a float32 tensor the graph receives (a position bias, a mask of unknown

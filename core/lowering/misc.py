@@ -115,6 +115,10 @@ def _clone(ctx: LoweringContext, x: TensorValue, *, memory_format: Any = None) -
 def _to_copy(ctx: LoweringContext, x: TensorValue, *, dtype: torch.dtype | None = None,
              device: Any = None, layout: Any = None, pin_memory: Any = None,
              non_blocking: bool = False, memory_format: Any = None) -> TensorValue:
+    if isinstance(x, (bool, int, float)):  # a number (vmap's graphs: ``_to_copy(2, dtype=...)``)
+        return constant(ctx, x)
+    if not isinstance(x, TensorValue):
+        raise LoweringError(ctx.origin, f"a copy of {type(x).__name__}")
     if device is not None and torch.device(device) != x.device:
         raise LoweringError(ctx.origin, "copies between devices go through ATen")
     target = dtype or x.dtype
