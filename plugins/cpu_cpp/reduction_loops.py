@@ -188,7 +188,7 @@ def _lane_r_loop(kw: KernelWriter, loop: Loop, scope: ValueScope[str], split: bo
             with w.block(for_header("lane", str(lanes)), "}"):
                 for acc in accs.values():
                     w.lines(acc.init(prefix, "[lane]"))
-        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead, (settle, deep))
+        _lanes_over_r(kw, loop, scope, accs, split, stashes, lanes, rsplit, ahead, (settle, deep), shared)
         if shared:
             _settle_lanes(kw, accs, lanes, "lane_", "left_")
         if settle:  # the last partial states after the settled ones, back into the lanes
@@ -261,8 +261,8 @@ def _one_thread_at_a_time(kw: KernelWriter, split: bool) -> Iterator[None]:
 
 def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: dict[str, Accumulator],
                   split: bool, stashes: LoopStashes, lanes: int, rsplit: Split | None = None,
-                  ahead: list[Load] | None = None, settle: tuple[str | None, str | None] = (None, None)
-                  ) -> None:
+                  ahead: list[Load] | None = None, settle: tuple[str | None, str | None] = (None, None),
+                  shared: bool = False) -> None:
     """Full chunks of ``lanes`` elements of the innermost reduced dim, each one vector update
     of the lane arrays, then the leftover elements into the first lanes (either part is left
     out where the size is known and it would not run). With ``rsplit`` (lanes at its divisor,
@@ -270,12 +270,12 @@ def _lanes_over_r(kw: KernelWriter, loop: Loop, scope: ValueScope[str], accs: di
     one of its inner, and the indices say so (:func:`.divmod_split.reduced_split`). Each full
     chunk first prefetches ``ahead`` for the next kept point (:mod:`.prefetch`). ``settle``:
     the counter after whose ``SETTLE`` chunks the lanes settle (``mid_`` states), and the one
-    after whose ``SETTLE`` settlings those settle in turn (``high_`` states), each or None."""
+    after whose ``SETTLE`` settlings those settle in turn (``high_`` states), each or None.
+    ``shared``: both parts in one pass over the outer reduced dims (:func:`_shares_outer_r`)."""
     w = kw.w
     last, n = kw.k.r_vars[-1].name, kw.k.r_ranges[-1]
     size = int(n) if n.is_number else None
     full = f"{idx(n)} / {lanes} * {lanes}" if size is None else str(size // lanes * lanes)
-    shared = _shares_outer_r(kw, lanes)
     with _outer_r(kw, split, shared):
         if size is None or size >= lanes:
             with _innermost_r(kw, split, shared, for_header(f"{last}_chunk", full, step=lanes)):
