@@ -16,6 +16,7 @@ from coil.sdk.codegen import ValueScope
 from .accumulators import Accumulator
 from .cpp import for_header, idx, parallel_for
 from .divmod_split import innermost_split
+from .lane_access import contiguous_along_lanes
 from .reduction_body import accumulators_of, r_body, results
 from .stash import LoopStashes
 
@@ -88,15 +89,16 @@ def outer(kw: KernelWriter, work: sympy.Expr) -> None:
             kw.lane = ""
 
 
-def _row_group(n: sympy.Expr, kept: sympy.Expr) -> int:
+def _row_group(n: sympy.Expr, kept: sympy.Expr, contiguous: bool) -> int:
     """Reduced elements of the outer schedule's innermost reduced dim that each lane takes in
     turn before the next lane (1: one at a time). Its state then stays in a register over the
     group, where with one at a time every element loads and stores the lane's accumulator.
     Only a static extent that the group divides is grouped, so no remainder loop is needed;
     and not when ``kept`` is a block or less: rows that short are read one after another
     anyway, and grouping them measured slower (x.sum(0) of 65536x64 with two threads, input
-    out of cache: 0.63 -> 1.33 ms)."""
-    if not n.is_number or (kept.is_number and int(kept) <= NARROW):
+    out of cache: 0.63 -> 1.33 ms); nor unless every access is ``contiguous`` along the lanes
+    (:func:`.lane_access.contiguous_along_lanes`: GCC's build time)."""
+    if not contiguous or not n.is_number or (kept.is_number and int(kept) <= NARROW):
         return 1
     if int(n) > CHUNK:  # the groups then run within chunks
         return ROW_GROUP if CHUNK % ROW_GROUP == 0 and int(n) % ROW_GROUP == 0 else 1
@@ -142,7 +144,7 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
     levels = [*_LEVELS[:_depth(ranges) if accs else 0], "acc_"]  # the cascade, partial states first
     chunked = len(levels) > 1
     inner, n = names.pop(), ranges.pop()
-    group = _row_group(n, kept)
+    group = _row_group(n, kept, contiguous_along_lanes(kw.k, loop, innermost_split(kw.k)))
     within = chunked and not (n.is_number and int(n) <= CHUNK)  # chunks within the innermost dim
     # a chunk is this many passes over a shorter innermost dim, counted by ``part_<name>_count``;
     # a symbolic dim is chunked within and counted, and its count known when the call runs

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Iterator
 
 import sympy
 
-from coil.sdk import Kernel, Load, Loop, loads
+from coil.sdk import Kernel, Load, Loop
 from coil.sdk.codegen import ValueScope
-from coil.sdk.symbolic import fold_divmod
 
 from .accumulators import Accumulator
 from .cpp import for_header, idx, on_one_thread, parallel_for, parallel_if
 from .divmod_split import Split, innermost_split, reduced_split
 from .hoist import hoist_invariants
+from .lane_access import lane_var, r_loop_accesses
 from .outer_schedule import outer
 from . import prefetch, streaming
 from .reduction_body import accumulators_of, counts, r_body, results
@@ -129,28 +129,18 @@ def _contiguous_along_x(k: Kernel) -> bool:
     if not k.x_vars:
         return False
     split = innermost_split(k)
-    x, r, n = k.x_vars[-1], k.r_vars[-1], k.x_ranges[-1]
-    kept = set(k.x_vars)
-    if split is not None:
-        x, n = split.lo, sympy.Integer(split.divisor)
-        kept |= {split.lo, split.hi}
+    x, r = lane_var(k, split), k.r_vars[-1]
+    n = sympy.Integer(split.divisor) if split is not None else k.x_ranges[-1]
     if n.is_number and int(n) < 16:
         return False
     along_x = along_r = 0
     for loop in k.loops:
         if loop.level != "r":
             continue
-        for kn in loop.nodes:
-            indices = [ld.index for ld in loads(kn.body) if ld.buffer not in k.internal
-                       and (ld.indirect or ld.index.free_symbols & kept)]
-            if not kn.is_reduction and kn.node.outputs()[0] not in k.internal:
-                indices.append(kn.store_index)
-            for e in indices:
-                if split is not None:
-                    e = fold_divmod(e).xreplace(split.substitutions())
-                unit_x, unit_r = sympy.diff(e, x) == 1, sympy.diff(e, r) == 1
-                along_x += unit_x and not unit_r
-                along_r += unit_r
+        for access in r_loop_accesses(k, loop, split):
+            unit_x, unit_r = sympy.diff(access.index, x) == 1, sympy.diff(access.index, r) == 1
+            along_x += unit_x and not unit_r
+            along_r += unit_r
     return along_x >= along_r and along_x > 0
 
 
