@@ -15,7 +15,7 @@ from coil.sdk.codegen import ValueScope
 
 from .accumulators import Accumulator
 from .cpp import for_header, idx, parallel_for
-from .divmod_split import innermost_split
+from .divmod_split import Split, innermost_split
 from .lane_access import contiguous_along_lanes
 from .reduction_body import accumulators_of, r_body, results
 from .stash import LoopStashes
@@ -85,7 +85,7 @@ def outer(kw: KernelWriter, work: sympy.Expr) -> None:
                     with _over_block(kw, last):
                         kw.emit_nodes(loop.nodes, ValueScope())
                 else:
-                    _outer_r_loop(kw, loop, last, n)
+                    _outer_r_loop(kw, loop, last, n, split)
             kw.lane = ""
 
 
@@ -115,7 +115,7 @@ def _over_block(kw: KernelWriter, last: str) -> Iterator[None]:
         yield
 
 
-def _outer_r_loop(kw: KernelWriter, loop: Loop, last: str, kept: sympy.Expr) -> None:
+def _outer_r_loop(kw: KernelWriter, loop: Loop, last: str, kept: sympy.Expr, split: Split | None) -> None:
     k, w = kw.k, kw.w
     accs = accumulators_of(loop)
     for acc in accs.values():
@@ -129,14 +129,14 @@ def _outer_r_loop(kw: KernelWriter, loop: Loop, last: str, kept: sympy.Expr) -> 
         with _over_block(kw, last):
             r_body(kw, loop, ValueScope(), accs, "acc_", "[lane]", LoopStashes())
     else:
-        _outer_r_nest(kw, loop, last, accs, names, ranges, kept)
+        _outer_r_nest(kw, loop, last, accs, names, ranges, kept, split)
     if accs:
         with _over_block(kw, last):
             results(kw, loop, accs, "acc_", "[lane]")
 
 
 def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accumulator],
-                  names: list[str], ranges: list[sympy.Expr], kept: sympy.Expr) -> None:
+                  names: list[str], ranges: list[sympy.Expr], kept: sympy.Expr, split: Split | None) -> None:
     """The reduced dims' loops of the outer schedule: elements accumulated in chunks (partial
     states combined into the lanes' states, see ``CHUNK``), and inside a chunk in groups that
     each lane takes in turn (see ``_row_group``)."""
@@ -144,7 +144,7 @@ def _outer_r_nest(kw: KernelWriter, loop: Loop, last: str, accs: dict[str, Accum
     levels = [*_LEVELS[:_depth(ranges) if accs else 0], "acc_"]  # the cascade, partial states first
     chunked = len(levels) > 1
     inner, n = names.pop(), ranges.pop()
-    group = _row_group(n, kept, contiguous_along_lanes(kw.k, loop, innermost_split(kw.k)))
+    group = _row_group(n, kept, contiguous_along_lanes(kw.k, loop, split))
     within = chunked and not (n.is_number and int(n) <= CHUNK)  # chunks within the innermost dim
     # a chunk is this many passes over a shorter innermost dim, counted by ``part_<name>_count``;
     # a symbolic dim is chunked within and counted, and its count known when the call runs
