@@ -60,3 +60,45 @@ def test_the_float32_judgement_of_a_bf16_tensor() -> None:
     noisy = truth + torch.randn(1000, generator=g)
     assert check.against_float32(-truth, noisy, truth) == "noise"
     assert check.against_float32(truth[:10], eager, truth) == "worse"
+
+
+def _in_float64(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+    """A backend closer to float64 than eager: the graph in float64, outputs rounded back."""
+    def run(*args: torch.Tensor):
+        out = gm(*[a.double() if a.is_floating_point() else a for a in args])
+        return type(out)(o.float() for o in out)
+    return run
+
+
+def _sloppy(gm: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+    """A backend further from float64 than eager: 1% relative error on every output."""
+    def run(*args: torch.Tensor):
+        return type(out := gm(*args))(o * 1.01 for o in out)
+    return run
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc(x)) @ x.T
+
+
+def test_tensors_outside_the_bounds_are_judged_by_float64() -> None:
+    """Eager is not the truth: a compiled tensor outside the bounds against eager passes when
+    it is as close to float64 as eager's, and fails when it is further."""
+    torch._dynamo.reset()
+    model, x = _Mlp(), torch.randn(32, 64)
+    exact = check.Tolerance(rtol=0.0, atol=0.0, min_cosine=1.0)  # eager's rounding fails it
+    closer = check.check_inference(model, (x,), backend=_in_float64, tol=exact)
+    assert closer.ok and any(d.by_float64.startswith("as accurate") for d in closer.diffs), closer.message()
+    assert "judged by float64" in closer.message()
+    trained = check.check_training(model, (x,), {}, lambda y: y.square().mean(), backend=_in_float64,
+                                   tol=exact, steps=2)
+    assert trained.ok and sum(bool(d.by_float64) for d in trained.diffs) > 3, trained.message()
+    torch._dynamo.reset()
+    for worse in (check.check_inference(model, (x,), backend=_sloppy),
+                  check.check_training(model, (x,), {}, lambda y: y.square().mean(), backend=_sloppy, steps=2)):
+        assert not worse.ok and all(d.by_float64.startswith("worse") for d in worse.failures), worse.message()
