@@ -11,7 +11,7 @@ import torch
 from torch._functorch import config as functorch_config
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from . import aot_cache, aot_training, capture, collect, compile_agreement, freezing, joint_aliases, plugins
+from . import aot_cache, aot_training, capture, collect, compile_agreement, freezing, joint_aliases, output_check, plugins
 from . import config as config_mod
 from .attention import rewrite_attention
 from .compile import compile_graph, load_compiled, pad_joint_gemms, report_eager
@@ -164,7 +164,14 @@ def _remembering(layer_key: Any) -> Any:
 
 def compile_fx(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
                options: dict[str, Any] | None = None, **unused: Any) -> Any:
-    """Dynamo backend entry point."""
+    """Dynamo backend entry point: the compiled graph, its first call's outputs checked
+    against what Dynamo traced (:mod:`coil.output_check`)."""
+    captured = gm.gm if isinstance(gm, torch._dynamo.utils.GmWrapper) else gm
+    return output_check.checked(_compile(gm, example_inputs, mode, options), captured)
+
+
+def _compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None,
+             options: dict[str, Any] | None) -> Any:
     if mode not in MODES:
         raise ConfigError(str(mode), [str(m) for m in MODES if m], "unknown mode")
     if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):

@@ -89,6 +89,24 @@ class CheckError(CoilError):
             f"Until it is fixed, run this model without Coil (torch.compile(..., backend=\"eager\")).")
 
 
+class OutputMismatchError(CoilError):
+    """A compiled Dynamo graph's first call returned an output whose dtype, rank or static
+    size is not the one Dynamo traced (:mod:`coil.output_check`): PyTorch's AOTAutograd
+    returned the wrong tensor in its place. Every call of that graph raises it."""
+
+    def __init__(self, output: int, got: str, traced: str) -> None:
+        self.output = output
+        self.got = got
+        self.traced = traced
+        super().__init__(
+            f"coil: output {output} of a compiled graph is {got} where the graph traced {traced}: "
+            "AOTAutograd returned a wrong tensor in its place (seen in PyTorch 2.11-2.13 with "
+            "inaccurate input-mutation bookkeeping, e.g. a module that updates spectral_norm's "
+            "buffers and calls nn.Embedding(max_norm=...) under grad; every AOTAutograd backend, "
+            "inductor's too). This call's side effects (buffer updates) have happened. Run this "
+            "module without torch.compile (torch.compiler.disable) or with backend=\"eager\".")
+
+
 class DistributedCompileError(CoilError):
     """Under ``torch.distributed``, another rank failed to compile a graph this rank compiled
     too (:mod:`coil.compile_agreement`); this rank stops as well rather than wait for it in a
