@@ -18,6 +18,7 @@ import coil.sdk as sdk
 from coil import compile as coil_compile
 from coil import config, plugins
 from coil_cpu_cpp.backend import CppBackend
+from models import check
 
 aten = torch.ops.aten
 CL = torch.channels_last
@@ -314,3 +315,39 @@ def test_the_pass_propagates_what_a_full_propagation_gives(cpu_plugin, monkeypat
         monkeypatch.setattr(conv_layout, "_Propagation", Everything)
         assert layouts(_Depthwise(), train) == incremental
         monkeypatch.undo()
+
+
+class _StridedStem(torch.nn.Module):
+    """FastViT's stem: a 1x1 stride-2 branch over the image's 3 channels beside a 3x3 one,
+    then a depthwise convolution (which makes the plugin want channels-last)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 16, 3, 2, 1), torch.nn.Conv2d(3, 16, 1, 2)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.dw = torch.nn.Conv2d(16, 16, 3, 1, 1, groups=16)
+        self.head = torch.nn.Linear(16, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn(self.a(x) + self.b(x)))
+        return self.head((y + self.dw(y)).mean((2, 3)))
+
+
+def test_training_graphs_stay_nchw_where_atens_channels_last_weight_gradient_is_wrong():
+    """oneDNN's channels-last weight gradient of a 1x1 strided convolution over 2-7 channels
+    corrupts the heap or is wrong (tests/repros_open); the plugin keeps such training graphs
+    NCHW, and inference graphs (no weight gradient) as they were."""
+    backend = CppBackend()
+    stem = [_conv(3, 16, 64, 1, stride=2)]
+    assert not backend.prefers_channels_last(stem + _mobilenet_like(), training=True)
+    assert backend.prefers_channels_last(stem + _mobilenet_like(), training=False)
+    assert backend.prefers_channels_last([_conv(8, 16, 64, 1, stride=2)] + _mobilenet_like(), training=True)
+    assert backend.prefers_channels_last([_conv(3, 16, 64, 1)] + _mobilenet_like(), training=True)
+
+
+def test_a_strided_1x1_stem_trains_as_eager(cpu_plugin):
+    torch.manual_seed(0)
+    with config.override(training_channels_last=True):
+        result = check.check_training(_StridedStem(), (torch.randn(2, 3, 40, 40),), {},
+                                      lambda y: y.square().mean(), backend="coil", steps=2)
+    assert result.ok, result.message()

@@ -130,6 +130,19 @@ DEPTHWISE_SHARE = 0.01
 TRAINING_CHANNELS_LAST = True
 
 
+def onednn_weight_grad_broken(c: sdk.ConvolutionInfo) -> bool:
+    """Whether ATen's CPU weight gradient of ``c`` with channels-last operands is wrong.
+
+    torch 2.13's oneDNN path, for a 1x1 convolution with a stride above 1 and 2 to 7 input
+    channels per group, corrupts the heap or returns wrong values (errors of 40-110 where
+    the gradient's elements are ~10) with channels-last operands, and is right with NCHW
+    ones (``tests/repros_open/onednn_channels_last_1x1_strided_weight_grad.py``; FastViT's
+    stem). Strides of 2 and 4 fail, 3 passes; 1 and 8 or more channels pass: the rule takes
+    every stride above 1 and every count below 8."""
+    return (not c.transposed and c.kernel_size == (1, 1) and max(c.stride) > 1
+            and 2 <= c.weight[1] <= 7)
+
+
 class CppScheduling(sdk.Scheduling):
     max_fusion_size = 64
 
@@ -304,8 +317,10 @@ class CppBackend(sdk.DeviceBackend[CompiledModule]):
     def prefers_channels_last(self, convolutions: Sequence[sdk.ConvolutionInfo], *,
                               training: bool) -> bool:
         """Channels-last where depthwise convolutions carry a fair share of the graph's
-        convolution work (:data:`DEPTHWISE_SHARE`); see the notes above it."""
-        if training and not TRAINING_CHANNELS_LAST:
+        convolution work (:data:`DEPTHWISE_SHARE`; see the notes above it), except training
+        graphs with a convolution whose channels-last weight gradient ATen gets wrong
+        (:func:`onednn_weight_grad_broken`)."""
+        if training and (not TRAINING_CHANNELS_LAST or any(onednn_weight_grad_broken(c) for c in convolutions)):
             return False
         if any(prepack.packs(c) for c in convolutions):  # oneDNN's packed calls return channels-last
             return True
