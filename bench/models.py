@@ -24,7 +24,10 @@ before. The eager figures are the first worker's. Per backend:
   ``infer`` float32 forward in ``eval()`` under ``no_grad``; ``infer-bf16`` the same under
   ``torch.autocast(device, torch.bfloat16)``; ``train`` one step (zero_grad, forward with
   labels, the model's loss, backward, SGD step) in ``train()`` mode; ``train-bf16`` the same
-  with the forward and loss under bf16 autocast.
+  with the forward and loss under bf16 autocast; ``infer-f64`` and ``train-f64`` (not run by
+  default) are ``infer`` and ``train`` with the model and its inputs in float64, judged at
+  float64's tolerance (``check.FP64``): where float32 training is ill-conditioned (eager's
+  own float32 gradients far from float64's), they still check a compiler to many digits.
 * ``peak MiB``: on cuda, the most memory allocated during the timed calls above what was
   allocated before the first call (activations, workspaces, gradients, and what a backend
   keeps between calls, such as a CUDA graph's static inputs and outputs; not the model's
@@ -89,6 +92,10 @@ log = logging.getLogger("bench.models")
 
 MARKER = "@@coil-models@@ "
 MODES = ("infer", "infer-bf16", "train", "train-bf16")
+#: Not run by default: the model, its inputs and every backend in float64, judged at float64's
+#: tolerance (``check.FP64``). A model whose float32 training is ill-conditioned (eager's own
+#: float32 gradients far from float64's) is still checked to a few digits there.
+F64_MODES = ("infer-f64", "train-f64")
 EAGER = "eager"
 
 
@@ -213,7 +220,7 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
         # Detached copies: the training step's next zero_grad drops these gradients.
         first = [(n, t.detach().clone()) for n, t in first]
         if reference is not None:
-            tol = check.BF16_AUTOCAST if mode.endswith("-bf16") else check.FP32
+            tol = {"-bf16": check.BF16_AUTOCAST, "-f64": check.FP64}.get(mode[mode.rfind("-"):], check.FP32)
             record.update(accuracy(first, reference, tol, truth))
         if not accuracy_only:
             with _timing_lock():
@@ -309,6 +316,8 @@ def worker(args: argparse.Namespace) -> int:
         _, truth = run_backend(built, args.mode.removesuffix("-bf16"), EAGER, device, clock, None, 0, True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    elif args.mode.endswith("-f64"):  # the model itself in float64; eager's float64 run is the reference
+        built = _in_float64(built)
     elif args.float64_truth:  # the same first call in float64, eager: what float32 rounds
         torch._dynamo.reset()
         _, truth = run_backend(_in_float64(built), args.mode, EAGER, device, clock, None, 0, True)
@@ -426,7 +435,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--size", default="real", choices=zoo.SIZES)
     p.add_argument("--models", default=",".join(zoo.names()),
                    help="comma-separated: " + ", ".join(zoo.names()))
-    p.add_argument("--modes", "--mode", default=",".join(MODES), help="comma-separated: " + ", ".join(MODES))
+    p.add_argument("--modes", "--mode", default=",".join(MODES),
+                   help="comma-separated: " + ", ".join(MODES + F64_MODES))
     p.add_argument("--backends", default="eager,inductor,coil")
     p.add_argument("--accuracy-only", action="store_true", help="first calls only: compile time and accuracy")
     p.add_argument("--iters", type=int, default=10, help="timed calls per backend (after 2 warm-up calls)")
@@ -451,10 +461,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.worker:
         return args
     unknown = [m for m in args.models.split(",") if m not in zoo.REGISTRY]
-    bad_modes = [m for m in args.modes.split(",") if m not in MODES]
+    bad_modes = [m for m in args.modes.split(",") if m not in MODES + F64_MODES]
     if unknown or bad_modes:
         p.error(f"unknown models {unknown} (known: {', '.join(zoo.names())}) or modes {bad_modes} "
-                f"(known: {', '.join(MODES)})")
+                f"(known: {', '.join(MODES + F64_MODES)})")
     return args
 
 
