@@ -300,6 +300,11 @@ HISTORY: tuple[Release, ...] = (
                "(ATen's CPU path), declares True, and the core leaves such a convolution's bias in "
                "the call instead of adding it as a pointwise op (the C++ plugin)"),
     )),
+    Release("1.16.0", (
+        Change("errors.OutputMismatchError: raised by a compiled graph whose first call returned "
+               "an output of another dtype, rank or static size than Dynamo traced (AOTAutograd "
+               "put a wrong tensor in its place), and by every later call of that graph"),
+    )),
 )
 
 #: The API version this Coil provides.
