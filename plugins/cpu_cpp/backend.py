@@ -138,7 +138,7 @@ def onednn_weight_grad_broken(c: sdk.ConvolutionInfo) -> bool:
     the gradient's elements are ~10) with channels-last operands, and is right with NCHW
     ones (``tests/repros_open/onednn_channels_last_1x1_strided_weight_grad.py``; FastViT's
     stem). Strides of 2 and 4 fail, 3 passes; 1 and 8 or more channels pass: the rule takes
-    every stride above 1 and every count below 8."""
+    every stride above 1 and every count from 2 to 7."""
     return (not c.transposed and c.kernel_size == (1, 1) and max(c.stride) > 1
             and 2 <= c.weight[1] <= 7)
 
