@@ -144,8 +144,7 @@ def _autocast(mode: str, device: torch.device) -> contextlib.AbstractContextMana
 
 def _in_float64(built: zoo.Built) -> zoo.Built:
     """``built`` with its model, floating inputs and training arguments in float64."""
-    def wide(v: Any) -> Any:
-        return v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    wide = check.widen
     return dataclasses.replace(built, model=copy.deepcopy(built.model).double(),
                                args=tuple(wide(a) for a in built.args),
                                kwargs={k: wide(v) for k, v in built.kwargs.items()},
@@ -220,7 +219,8 @@ def run_backend(built: zoo.Built, mode: str, backend: str, device: torch.device,
         # Detached copies: the training step's next zero_grad drops these gradients.
         first = [(n, t.detach().clone()) for n, t in first]
         if reference is not None:
-            tol = {"-bf16": check.BF16_AUTOCAST, "-f64": check.FP64}.get(mode[mode.rfind("-"):], check.FP32)
+            tol = (check.BF16_AUTOCAST if mode.endswith("-bf16") else
+                   check.FP64 if mode.endswith("-f64") else check.FP32)
             record.update(accuracy(first, reference, tol, truth))
         if not accuracy_only:
             with _timing_lock():

@@ -35,9 +35,9 @@ def traced_outputs(gm: torch.fx.GraphModule) -> list[Spec] | None:
         return None
     specs: list[Spec] = []
     for arg in node.args[0]:
-        value = arg.meta.get("example_value") if isinstance(arg, torch.fx.Node) else arg
         if isinstance(arg, torch.fx.Node) and "example_value" not in arg.meta:
             return None
+        value = arg.meta["example_value"] if isinstance(arg, torch.fx.Node) else arg
         if isinstance(value, torch.Tensor):
             sizes = tuple(s if isinstance(s, int) else None for s in value.shape)
             specs.append((value.dtype, value.device.type, sizes))
@@ -78,19 +78,20 @@ def checked(fn: Callable[..., Any], gm: torch.fx.GraphModule) -> Callable[..., A
     specs = traced_outputs(gm)
     if specs is None:
         return fn
-    state: dict[str, Any] = {"checked": False, "error": None}
+    verdict: bool | OutputMismatchError | None = None  # None until the first call returns
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
-        if state["error"] is not None:
-            raise state["error"]
+        nonlocal verdict
+        if verdict is True:
+            return fn(*args, **kwargs)
+        if verdict is not None:
+            raise verdict
         outputs = fn(*args, **kwargs)
-        if not state["checked"]:
-            state["checked"] = True
-            found = mismatch(outputs, specs)
-            if found is not None:
-                state["error"] = OutputMismatchError(*found)
-                raise state["error"]
+        found = mismatch(outputs, specs)
+        verdict = True if found is None else OutputMismatchError(*found)
+        if found is not None:
+            raise verdict
         return outputs
 
     return call

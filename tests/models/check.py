@@ -237,16 +237,16 @@ def judge_by_truth(result: CheckResult, actual: dict[str, Any], expected: dict[s
     found either way. "noise" (eager itself far from float64) does not pass."""
     for i, d in enumerate(result.diffs):
         got, ref, true = actual.get(d.name), expected.get(d.name), truth.get(d.name)
-        if d.ok or d.problem or not all(isinstance(t, torch.Tensor) for t in (got, ref, true)):
-            continue
-        if not ref.is_floating_point():
+        if (d.ok or d.problem or not all(isinstance(t, torch.Tensor) for t in (got, ref, true))
+                or not ref.is_floating_point()):
             continue
         verdict = against_float32(got, ref, true)
         errors = f"{relative_error(got, true):.1e}, eager's {relative_error(ref, true):.1e}"
         result.diffs[i] = dataclasses.replace(d, ok=verdict == "as accurate", by_float64=f"{verdict} ({errors})")
 
 
-def _wide(value: Any) -> Any:
+def widen(value: Any) -> Any:
+    """A floating tensor in float64; anything else as it is."""
     return value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
@@ -297,9 +297,9 @@ def check_inference(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, A
         return result
     _compare_named(result, actual, expected, lambda name: tol)
     if _needs_truth(result):
-        widen = _wide if autocast is None else (lambda v: v)
+        cast = widen if autocast is None else (lambda v: v)
         truth = run(copy.deepcopy(model).eval().to(torch.float64 if autocast is None else torch.float32),
-                    tuple(widen(a) for a in args), {k: widen(v) for k, v in kwargs.items()}, None)
+                    tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}, None)
         judge_by_truth(result, actual, expected, truth)
     return result
 
@@ -373,8 +373,8 @@ def check_training(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
     _compare_named(result, actual, eager, bound)
     if _needs_truth(result):
         model64 = copy.deepcopy(model).double().train()
-        truth = _named_state(_train(model64, model64, tuple(_wide(a) for a in args),
-                                    {k: _wide(v) for k, v in kwargs.items()}, loss_fn, steps, make_optimizer),
+        truth = _named_state(_train(model64, model64, tuple(widen(a) for a in args),
+                                    {k: widen(v) for k, v in kwargs.items()}, loss_fn, steps, make_optimizer),
                              model64)
         judge_by_truth(result, actual, eager, truth)
     return result
