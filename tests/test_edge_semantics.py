@@ -322,24 +322,26 @@ def test_a_product_and_a_sum_round_apart_without_contraction(dtype):
     """``a * b + c`` of two ops rounds the product first in eager, one kernel per op; GCC's
     default contraction fuses them into one rounding: ``relu(0.1 * 10 - 1)`` gave 1.49e-8 and a
     gradient of 10 where eager gives 0 and 0 (a hunt, session 37). The default stays (without
-    it ResNet-18's training gradients left eager's tolerance); the option turns it off."""
+    it ResNet-18's training gradients left eager's tolerance); the option turns it off. CPU
+    tensors under any ``COIL_TEST_DEVICE``: the option is the C++ plugin's."""
     options = {"cpu_cpp.extra_cflags": "-ffp-contract=off"}
-    a = torch.tensor([0.1, 0.3, 0.7], dtype=dtype)
-    b = torch.tensor([10.0, 10.0, 10.0], dtype=dtype)
-    c = torch.tensor([-1.0, -3.0, -7.0], dtype=dtype)
+    with cpu_tensors():
+        a = torch.tensor([0.1, 0.3, 0.7], dtype=dtype)
+        b = torch.tensor([10.0, 10.0, 10.0], dtype=dtype)
+        c = torch.tensor([-1.0, -3.0, -7.0], dtype=dtype)
 
-    def fn(a, b, c):
-        return torch.relu(a * b + c), torch.floor((a * b + c) * 1e9), (a * b - 1) * 1e8
+        def fn(a, b, c):
+            return torch.relu(a * b + c), torch.floor((a * b + c) * 1e9), (a * b - 1) * 1e8
 
-    torch._dynamo.reset()
-    got = torch.compile(fn, backend="coil", options=options)(a, b, c)
-    for g, w in zip(got, fn(a, b, c)):
-        torch.testing.assert_close(g, w, rtol=0, atol=0)
-    leaves = [t.clone().requires_grad_() for t in (a, b, c)]
-    eager_leaves = [t.clone().requires_grad_() for t in (a, b, c)]
-    torch._dynamo.reset()
-    torch.compile(lambda a, b, c: torch.relu(a * b + c), backend="coil", options=options)(*leaves).sum().backward()
-    torch.relu(eager_leaves[0] * eager_leaves[1] + eager_leaves[2]).sum().backward()
-    for g, w in zip(leaves, eager_leaves):
-        torch.testing.assert_close(g.grad, w.grad, rtol=0, atol=0)
-    torch._dynamo.reset()
+        torch._dynamo.reset()
+        got = torch.compile(fn, backend="coil", options=options)(a, b, c)
+        for g, w in zip(got, fn(a, b, c)):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+        leaves = [t.clone().requires_grad_() for t in (a, b, c)]
+        eager_leaves = [t.clone().requires_grad_() for t in (a, b, c)]
+        torch._dynamo.reset()
+        torch.compile(lambda a, b, c: torch.relu(a * b + c), backend="coil", options=options)(*leaves).sum().backward()
+        torch.relu(eager_leaves[0] * eager_leaves[1] + eager_leaves[2]).sum().backward()
+        for g, w in zip(leaves, eager_leaves):
+            torch.testing.assert_close(g.grad, w.grad, rtol=0, atol=0)
+        torch._dynamo.reset()
