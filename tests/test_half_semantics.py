@@ -52,6 +52,38 @@ def test_fused_updates_round_once_as_eager(name, dtype):
     assert torch.equal(got, fn(*args))
 
 
+def _addcdiv_as_torch_2_11_traces_it(a, b, c):
+    return a.clone().add_(torch.mul(torch.div(b, c), -0.3))  # Dynamo 2.11's addcdiv_
+
+
+def _addcmul_as_torch_2_11_traces_it(a, b, c):
+    return a.clone().mul_(0.999).add_(b * b * 0.001)  # Dynamo 2.11's addcmul_
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("fn, fused", [(_addcdiv_as_torch_2_11_traces_it, UPDATES["addcdiv_method"]),
+                                       (_addcmul_as_torch_2_11_traces_it, UPDATES["addcmul_method"])],
+                         ids=["addcdiv_", "addcmul_"])
+def test_torch_2_11s_rewrites_of_the_in_place_updates_are_undone(fn, fused, dtype):
+    """Dynamo 2.11 traces ``a.addcdiv_(b, c, value=v)`` as ``a.add_(torch.mul(torch.div(b, c),
+    v))`` and ``addcmul_`` with ``operator.mul`` (2.13: a ``prims.fma``); the rewrite's marks
+    are the chain and a stack trace naming the op. Written out here on a line naming it, as
+    2.11 records it, the chain must round once, as the fused op does (the GPU machine's torch
+    2.11 failed the test above for both methods, session 42)."""
+    args = _operands(dtype)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(fn, backend="coil")(*args), fused(*args))
+    assert not torch.equal(fn(*args), fused(*args))  # eager rounds the written-out chain per op
+
+
+def test_an_update_written_op_by_op_keeps_per_op_rounding():
+    """The same chain on a line that calls neither op is the user's: rounded after each op."""
+    args = _operands(torch.bfloat16)
+    fn = lambda a, b, c: a.clone().add_(torch.mul(torch.div(b, c), -0.3))  # noqa: E731
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(fn, backend="coil")(*args), fn(*args))
+
+
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_truncating_division_by_a_number(dtype):
     a, b, _ = _operands(dtype)
