@@ -4,8 +4,9 @@ Dynamo traces ``torch.addcdiv(a, b, c, value=v)`` as ``a + v * (b / c)`` (``torc
 ``torch.mul``, ``torch.add``), and the in-place methods ``a.addcdiv_(b, c, value=v)`` and
 ``a.addcmul_(b, c, value=v)`` as ``prims.fma(b / c, v, a)`` and ``prims.fma(b * c, v, a)``
 copied into ``a`` (torch 2.13), or as ``a.add_(v * (b / c))`` and ``a.add_(b * c * v)``
-(torch 2.11, with ``operator.mul`` for the products of ``addcmul_``). Eager's kernels compute each of these ops in float32 for half types and
-round once; the rewritten graph rounds after each op, as every compiler that keeps eager's
+(torch 2.11, with ``operator.mul`` for the products of ``addcmul_``). Eager's kernels compute
+each of these ops in float32 for half types and round once; the rewritten graph rounds after
+each op, as every compiler that keeps eager's
 per-op rounding then computes it (bf16 ``addcdiv``: 679 of 4096 elements off eager, up to half
 the value where the sum cancels, under ``aot_eager`` too; found by a hunt, session 38). These
 are the optimizers' updates (Adam's ``addcmul_`` of the squared gradient and ``addcdiv_`` of the

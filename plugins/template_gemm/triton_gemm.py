@@ -102,8 +102,8 @@ def smem_bytes(config: TemplateConfig, itemsize: int = 2) -> int:
 def _fit(config: TemplateConfig, m: int, n: int, k: int) -> TemplateConfig:
     """``config`` shrunk to the problem: no block past the next power of two of its size (and
     none under 16, ``tl.dot``'s least), a K block that divides K where one of 32 or more does
-    (no masked tail step: at 200704 x 96 x 384 with a GELU epilogue, K blocks of 64 ran at
-    200-310 us on an H100 and blocks of 32 at 150-190), warps for the tile's area, no more
+    (no masked tail step: at 200704 x 96 x 384 with a GELU epilogue on an H100, blocks of 32
+    beat blocks of 64 at every tile size, by up to 40%), warps for the tile's area, no more
     stages than steps."""
     bm = min(config.block_m, max(16, _pow2_at_least(m)))
     bn = min(config.block_n, max(16, _pow2_at_least(n)))
@@ -287,7 +287,8 @@ class TritonGemm(Template):
         for var, offs, size, block, attr in (("mm_rows", "offs_m", "M", "XBLOCK", "block_m"),
                                              ("mm_cols", "offs_n", "N", "RBLOCK", "block_n")):
             value = _literal(names[size])
-            clamped = f"({offs} % {_atom(names[size])}).to(tl.int64)" if wide else f"{offs} % {_atom(names[size])}"
+            clamped = f"{offs} % {_atom(names[size])}"
+            clamped = f"({clamped}).to(tl.int64)" if wide else clamped
             dividing = [value is not None and value % getattr(c, attr) == 0 for c in configs]
             if all(dividing):
                 w.line(f'tl.static_assert({names[size]} % {block} == 0, "{block} must divide {size}: '
