@@ -344,6 +344,8 @@ BUILDS = {
     "ragged-bf16": _with_dtypes(_problem(1, 1000, 1000, 1000), torch.bfloat16, torch.float32),
     "decode-bf16": _with_dtypes(_problem(1, 1, 4096, 4096), torch.bfloat16, torch.bfloat16),
     "batched-fp16": _with_dtypes(_problem(64, 512, 512, 64), torch.float16, torch.float32),
+    # Swin-tiny's first MLP: K blocks of 32, and N = 384 clamped only where 256 does not divide
+    "swin-fc1-bf16": _with_dtypes(_problem(1, 200704, 384, 96), torch.bfloat16, torch.bfloat16),
 }
 
 
