@@ -48,7 +48,7 @@ def k0_var_mean_combine(p_arg0, p_buf2, p_buf3, p_ws_buf0_mean, p_ws_buf0_m2, p_
     t5 = t4.to(tl.float32)
     t6 = (t5 - tl.full([1, 1], 0.0, tl.float32))
     t7 = max_nan(t6, tl.full([1, 1], 0.0, tl.float32))
-    t8 = (t3 / t7)
+    t8 = tl.div_rn(t3, t7)
     t9 = (t8).to(tl.float32)
     tl.store(p_buf2 + (xindex), tl.broadcast_to(t9, [XBLOCK, 1]).to(tl.float32), xmask)
     t10 = (t2).to(tl.float32)

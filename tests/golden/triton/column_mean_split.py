@@ -27,6 +27,6 @@ def k0_mean_combine(p_arg0, p_buf1, p_ws_buf0, XBLOCK: tl.constexpr, RBLOCK: tl.
     t2 = (r0).to(tl.float32)
     t3 = (4096) + tl.zeros([XBLOCK, 1], tl.int64)
     t4 = t3.to(tl.float32)
-    t5 = (t2 / t4)
+    t5 = tl.div_rn(t2, t4)
     t6 = (t5).to(tl.float32)
     tl.store(p_buf1 + (xindex), tl.broadcast_to(t6, [XBLOCK, 1]).to(tl.float32), xmask)

@@ -15,7 +15,7 @@ def k0_var_mean_sub_add_rsqrt_mul(p_arg0, p_arg1, p_arg2, p_buf2, XBLOCK: tl.con
     t6 = t5.to(tl.float32)
     t7 = (t6 - tl.full([1, 1], 0.0, tl.float32))
     t8 = max_nan(t7, tl.full([1, 1], 0.0, tl.float32))
-    t9 = (t3 / t8)
+    t9 = tl.div_rn(t3, t8)
     t10 = (t9 + tl.full([1, 1], 1e-05, tl.float32))
     t11 = libdevice.rsqrt(t10)
     t12 = (t4 * t11)

@@ -31,7 +31,7 @@ def k0_var_mean_sub_add_rsqrt_mul(p_arg0, p_buf2, XBLOCK: tl.constexpr, RBLOCK: 
         t7 = t6.to(tl.float32)
         t8 = (t7 - tl.full([1, 1], 0.0, tl.float32))
         t9 = max_nan(t8, tl.full([1, 1], 0.0, tl.float32))
-        t10 = (t3 / t9)
+        t10 = tl.div_rn(t3, t9)
         t11 = (t10 + tl.full([1, 1], 1e-05, tl.float32))
         t12 = libdevice.rsqrt(t11)
         t13 = (t5 * t12)

@@ -12,7 +12,7 @@ def k0_amax_sub_exp_sum_reciprocal_mul(p_arg0, p_buf2, XBLOCK: tl.constexpr, RBL
     buf1_v = tl.broadcast_to((t4).to(tl.float32), [XBLOCK, RBLOCK])
     buf1_r = tl.sum(buf1_v, 1)[:, None]
     t5 = (buf1_r).to(tl.float32)
-    t6 = (1.0 / t5)
+    t6 = tl.div_rn(1.0, t5)
     t7 = (t4 * t6)
     t8 = (t7).to(tl.float32)
     tl.store(p_buf2 + (xindex * 256 + rindex), tl.broadcast_to(t8, [XBLOCK, RBLOCK]).to(tl.float32))
