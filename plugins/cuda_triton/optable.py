@@ -78,7 +78,7 @@ def _int_or(int_fn: str, float_spelling: Spelling) -> Spelling:
 def _quotient(a: str, b: str, t: torch.dtype) -> str:
     """``a / b`` rounded as IEEE division, as eager's CUDA kernels divide: Triton spells a
     float32 ``/`` as ``div.full.f32``, an approximation within 2 ulp (float64's ``/`` is
-    ``div.rn.f64`` already). ``trunc(6.0 / 3.0)`` must be 2, not 1."""
+    ``div.rn.f64`` already; other types keep ``/``). ``trunc(6.0 / 3.0)`` must be 2, not 1."""
     return f"tl.div_rn({a}, {b})" if t == torch.float32 or t in HALF else f"({a} / {b})"
 
 
@@ -110,13 +110,13 @@ def _float_or_int(float_text: Callable[[list[str]], str], int_text: Callable[[li
 
 OPS: dict[str, Spelling] = {
     "add": _infix("+"), "sub": _infix("-"), "mul": _infix("*"),
-    "truediv": lambda a, t, i: _quotient(a[0], a[1], t) if t.is_floating_point else f"({a[0]} / {a[1]})",
+    "truediv": lambda a, t, i: _quotient(a[0], a[1], t),
     "floordiv": _int_or("int_floordiv", lambda a, t, i: _call("floor", [_quotient(a[0], a[1], t)], i)),
     "truncdiv": _int_or("int_truncdiv", lambda a, t, i: _call("trunc", [_quotient(a[0], a[1], t)], i)),
     "remainder": _int_or("int_remainder", _math("remainder")),
     "fmod": _int_or("int_fmod", _math("fmod")),
     "neg": lambda a, t, i: f"({a[0]} * -1.0)" if t.is_floating_point else f"(-{a[0]})", "abs": _abs,
-    "reciprocal": lambda a, t, i: _quotient("1.0", a[0], t) if t.is_floating_point else f"(1.0 / {a[0]})",
+    "reciprocal": lambda a, t, i: _quotient("1.0", a[0], t),
     "square": lambda a, t, i: f"({a[0]} * {a[0]})",
     "sign": _sign,
     "maximum": _float_or_int(lambda a: f"max_nan({a[0]}, {a[1]})", lambda a: f"tl.maximum({a[0]}, {a[1]})"),

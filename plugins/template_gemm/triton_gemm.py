@@ -19,7 +19,7 @@ slower of its tensor-core work and its operand traffic per K step. It ranks the 
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Callable, Mapping
 
 import sympy
 import torch
@@ -172,6 +172,22 @@ def _max_index(op: Operand, k_overrun: int) -> int | None:
     return int(offset) + reach + k_overrun * max(abs(st) for st in strides[-2:])
 
 
+def _per_config(w: CodeWriter, exact: list[bool], condition: str, write_exact: Callable[[], None],
+                write_general: Callable[[], None]) -> None:
+    """The code for the candidates where ``exact`` holds (a block divides its size: no clamp or
+    mask) and for the others; where they differ, a branch on ``condition``, a constexpr test,
+    so each configuration builds only its side."""
+    if all(exact):
+        write_exact()
+    elif any(exact):
+        with w.block(f"if {condition}:"):
+            write_exact()
+        with w.block("else:"):
+            write_general()
+    else:
+        write_general()
+
+
 class TritonGemm(Template):
     """``mm``/``bmm`` as a grouped, pipelined ``tl.dot`` loop (module docstring)."""
 
@@ -248,9 +264,10 @@ class TritonGemm(Template):
         every configuration of :meth:`configs` divides the (literal) size, behind a
         ``tl.static_assert``: launch the template with those configurations."""
         w = CodeWriter()
+        configs = self.configs(problem)
         self._program_tile(w, problem, names)
-        self._operand_pointers(w, problem, names)
-        self._k_loop(w, problem, names)
+        self._operand_pointers(w, problem, names, configs)
+        self._k_loop(w, problem, names, configs)
         return w.text().rstrip("\n")
 
     # -- the three parts of the rendered body
@@ -278,10 +295,10 @@ class TritonGemm(Template):
         w.line("offs_m = mm_pid_m * XBLOCK + tl.arange(0, XBLOCK)")
         w.line("offs_n = mm_pid_n * RBLOCK + tl.arange(0, RBLOCK)")
 
-    def _operand_pointers(self, w: CodeWriter, problem: GemmProblem, names: Mapping[str, str]) -> None:
+    def _operand_pointers(self, w: CodeWriter, problem: GemmProblem, names: Mapping[str, str],
+                          configs: list[TemplateConfig]) -> None:
         """``mm_a``/``mm_b``: pointer tiles of the first K step. Rows past M and columns past N
         are clamped into range unless every candidate block divides them."""
-        configs = self.configs(problem)
         wide = self._needs_int64(problem)
         cast = ".to(tl.int64)" if wide else ""
         for var, offs, size, block, attr in (("mm_rows", "offs_m", "M", "XBLOCK", "block_m"),
@@ -293,14 +310,8 @@ class TritonGemm(Template):
             if all(dividing):
                 w.line(f'tl.static_assert({names[size]} % {block} == 0, "{block} must divide {size}: '
                        f'the template skipped the clamp")')
-                w.line(f"{var} = {offs}{cast}")
-            elif any(dividing):  # a compile-time branch: each configuration builds one side
-                with w.block(f"if {names[size]} % {block} == 0:"):
-                    w.line(f"{var} = {offs}{cast}")
-                with w.block("else:"):
-                    w.line(f"{var} = {clamped}")
-            else:
-                w.line(f"{var} = {clamped}")
+            _per_config(w, dividing, f"{names[size]} % {block} == 0",
+                        lambda: w.line(f"{var} = {offs}{cast}"), lambda: w.line(f"{var} = {clamped}"))
         w.line(f"mm_k = tl.arange(0, KBLOCK){cast}")
         batch = "pid_b" if problem.op == "mm" or not wide else "pid_b.to(tl.int64)"
         first = 1 if problem.op == "bmm" else 0
@@ -312,28 +323,21 @@ class TritonGemm(Template):
             index = _sum(base, _product(rows, stride[0]), _product(cols, stride[1]))
             w.line(f"mm_{operand} = {names[operand]} + ({index})")
 
-    def _k_loop(self, w: CodeWriter, problem: GemmProblem, names: Mapping[str, str]) -> None:
+    def _k_loop(self, w: CodeWriter, problem: GemmProblem, names: Mapping[str, str],
+                configs: list[TemplateConfig]) -> None:
         """``acc``: the float32 product, one ``tl.dot`` per K step; the K tail is masked
         unless every candidate KBLOCK divides K."""
         K = names["K"]
         first = 1 if problem.op == "bmm" else 0
         a_step, b_step = names[f"a_stride{first + 1}"], names[f"b_stride{first}"]
         k = _literal(K)
-        dividing = [k is not None and k % c.block_k == 0 for c in self.configs(problem)]
+        dividing = [k is not None and k % c.block_k == 0 for c in configs]
         if all(dividing):
             w.line(f'tl.static_assert({K} % KBLOCK == 0, "KBLOCK must divide K: '
                    f'the template skipped the mask")')
         w.line("acc = tl.full((XBLOCK, RBLOCK), 0.0, tl.float32)")
         with w.block(f"for mm_k0 in range(0, {K}, KBLOCK):"):
-            if all(dividing):
-                self._loads(w, None)
-            elif any(dividing):  # a compile-time branch: each configuration builds one side
-                with w.block(f"if {K} % KBLOCK == 0:"):
-                    self._loads(w, None)
-                with w.block("else:"):
-                    self._loads(w, K)
-            else:
-                self._loads(w, K)
+            _per_config(w, dividing, f"{K} % KBLOCK == 0", lambda: self._loads(w, None), lambda: self._loads(w, K))
             w.line("acc = tl.dot(mm_a_tile, mm_b_tile, acc)")
             w.line(f"mm_a += {_product('KBLOCK', a_step)}")
             w.line(f"mm_b += {_product('KBLOCK', b_step)}")
